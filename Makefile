@@ -1,0 +1,34 @@
+# Everything from nothing: `make demo` and `make test` create .venv and install into it.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-slow bench lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
+
+bench: $(STAMP)
+	$(PY) -m lightning_hetero.bench
+
+lint: $(STAMP)
+	$(PY) -m ruff check lightning_hetero tests examples
+	$(PY) -m ruff format --check lightning_hetero tests examples
+
+clean:
+	rm -rf $(VENV) lightning_logs demo_logs .pytest_cache

@@ -1,0 +1,41 @@
+"""The planning layer: pure functions and objects, numbers in and plans out.
+
+Nothing here imports torch.distributed or Lightning, so every controller is
+tested in milliseconds against the :class:`ClusterSimulator`.
+"""
+
+from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.proportional import ProportionalController
+from lightning_hetero.planning.registry import CONTROLLERS, make_controller
+from lightning_hetero.planning.simulator import (
+    HETEROGENEITY_LEVELS,
+    ClusterSimulator,
+    SimulatedWorker,
+    SimulationResult,
+)
+from lightning_hetero.planning.smoothing import TimingSmoother
+from lightning_hetero.planning.split import (
+    PlanError,
+    balance_efficiency,
+    check_plan,
+    proportional_split,
+)
+from lightning_hetero.planning.static import StaticController
+
+__all__ = [
+    "CONTROLLERS",
+    "HETEROGENEITY_LEVELS",
+    "BatchLimits",
+    "ClusterSimulator",
+    "Controller",
+    "PlanError",
+    "ProportionalController",
+    "SimulatedWorker",
+    "SimulationResult",
+    "StaticController",
+    "TimingSmoother",
+    "balance_efficiency",
+    "check_plan",
+    "make_controller",
+    "proportional_split",
+]

@@ -1,0 +1,85 @@
+"""The controller interface: measured timings in, next plan out."""
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from lightning_hetero.planning.split import PlanError, expand_bound
+
+__all__ = ["BatchLimits", "Controller"]
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """The fixed global batch and the per-rank batch bounds every plan must respect."""
+
+    global_batch_size: int
+    min_batch_size: list[int] = field(default_factory=list)
+    max_batch_size: list[int] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        world_size: int,
+        global_batch_size: int,
+        min_batch_size: int | Sequence[int] = 1,
+        max_batch_size: int | Sequence[int] | None = None,
+    ) -> "BatchLimits":
+        """Expand scalar bounds to one per rank and check that ``B`` fits between them."""
+        lower = expand_bound(min_batch_size, world_size, 1)
+        upper = expand_bound(max_batch_size, world_size, global_batch_size)
+        upper = [min(u, global_batch_size) for u in upper]
+        limits = cls(global_batch_size, lower, upper)
+        limits.check()
+        return limits
+
+    @property
+    def world_size(self) -> int:
+        return len(self.min_batch_size)
+
+    def check(self) -> None:
+        """Raise :class:`PlanError` unless some plan satisfies these limits."""
+        for rank, (lo, hi) in enumerate(zip(self.min_batch_size, self.max_batch_size)):
+            if lo < 1:
+                raise PlanError(f"Rank {rank}: `min_batch_size` must be >= 1, got {lo}.")
+            if lo > hi:
+                raise PlanError(f"Rank {rank}: `min_batch_size` {lo} > `max_batch_size` {hi}.")
+        lower, upper = sum(self.min_batch_size), sum(self.max_batch_size)
+        if not lower <= self.global_batch_size <= upper:
+            raise PlanError(
+                f"The global batch size {self.global_batch_size} must lie between the sum of the"
+                f" per-rank minimums ({lower}) and of the maximums ({upper}) for"
+                f" {self.world_size} ranks."
+            )
+
+
+class Controller(ABC):
+    """Decides the next plan from the current one and each rank's smoothed compute time.
+
+    Subclasses are pure: numbers in, plan out, with all state in attributes that
+    :meth:`state_dict` returns. Every rank runs the same controller on the same
+    gathered numbers and so reaches the same plan.
+    """
+
+    #: Name under which the controller is selected, e.g. ``HeteroStrategy(controller="static")``.
+    name: ClassVar[str]
+
+    @abstractmethod
+    def update(
+        self, batch_sizes: Sequence[int], compute_s: Sequence[float], limits: BatchLimits
+    ) -> list[int]:
+        """Return the next plan.
+
+        Args:
+            batch_sizes: the batch size each rank was timed at (the plan in force).
+            compute_s: each rank's smoothed compute time per step at that batch size, seconds.
+            limits: the global batch and the per-rank bounds the result must respect.
+        """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly after a restart."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""

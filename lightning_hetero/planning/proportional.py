@@ -1,0 +1,121 @@
+"""Proportional control of per-rank batch sizes (papers 000 and 002)."""
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.split import proportional_split
+
+__all__ = ["ProportionalController"]
+
+
+class ProportionalController(Controller):
+    """Give each rank a batch proportional to its measured throughput.
+
+    With ``X_k = b_k / t_k`` from the smoothed compute times, the controller of
+    paper 000 (Eqs. 4-5) moves every rank to ``b_k' = b_k * t_mean / t_k``, which is
+    ``X_k`` up to a common factor; fixing the global batch (paper 002, Eq. 8) makes
+    it the proportional split ``b_k' = B * X_k / sum_j X_j``. Here that split is
+    computed exactly, rounded to integers that keep ``B``, and projected onto the
+    per-rank bounds (surplus goes to ranks with room).
+
+    Three safeguards from the papers keep it calm:
+
+    * **dead-band**: the plan changes only when some rank's target differs from its
+      current batch by more than ``deadband * b_k`` *and* by at least one sample
+      (paper 000 section III-C; the one-sample floor stops integer rounding of
+      small batches from flapping);
+    * **smoothing**: timings arrive already averaged since the last change
+      (:class:`~lightning_hetero.planning.TimingSmoother`);
+    * **learned maximums**: if growing a rank's batch lowered its throughput by more
+      than ``throughput_drop`` (relative), its maximum becomes the previous size
+      (paper 000, "batch size bounds"), e.g. when memory runs short.
+
+    Args:
+        deadband: relative change below which the plan is kept, in ``[0, 1)``.
+        throughput_drop: relative throughput loss that counts as a drop, in ``[0, 1)``;
+            it must exceed the timing noise or maximums get lowered spuriously.
+        learn_max_batch_size: apply the learned-maximum rule.
+
+    Example:
+        >>> from lightning_hetero.planning import BatchLimits
+        >>> ctl = ProportionalController(deadband=0.05)
+        >>> ctl.update([64, 64, 64, 64], [4.0, 4.0, 6.0, 1.5], BatchLimits.build(4, 256))
+        [48, 48, 32, 128]
+    """
+
+    name = "proportional"
+
+    def __init__(
+        self,
+        deadband: float = 0.05,
+        throughput_drop: float = 0.05,
+        learn_max_batch_size: bool = True,
+    ) -> None:
+        if not 0.0 <= deadband < 1.0:
+            raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
+        if not 0.0 <= throughput_drop < 1.0:
+            raise ValueError(f"`throughput_drop` must be in [0, 1), got {throughput_drop}.")
+        self.deadband = deadband
+        self.throughput_drop = throughput_drop
+        self.learn_max_batch_size = learn_max_batch_size
+        self.learned_max: list[int | None] = []
+        self.last_batch_sizes: list[int] = []
+        self.last_throughput: list[float] = []
+
+    def update(
+        self, batch_sizes: Sequence[int], compute_s: Sequence[float], limits: BatchLimits
+    ) -> list[int]:
+        current = list(batch_sizes)
+        throughput = [b / t for b, t in zip(current, compute_s)]
+        upper = self._upper_bounds(current, throughput, limits)
+        self.last_batch_sizes, self.last_throughput = current, throughput
+
+        target = proportional_split(throughput, limits.global_batch_size, limits.min_batch_size, upper)
+        out_of_bounds = any(
+            not lo <= b <= hi for b, lo, hi in zip(current, limits.min_batch_size, upper)
+        )
+        significant = any(
+            abs(new - old) > self.deadband * old and abs(new - old) >= 1
+            for new, old in zip(target, current)
+        )
+        return target if significant or out_of_bounds else current
+
+    def _upper_bounds(
+        self, current: list[int], throughput: list[float], limits: BatchLimits
+    ) -> list[int]:
+        world_size = len(current)
+        if len(self.learned_max) != world_size:
+            self.learned_max = [None] * world_size
+        if self.learn_max_batch_size and len(self.last_batch_sizes) == world_size:
+            for k in range(world_size):
+                grew = current[k] > self.last_batch_sizes[k]
+                dropped = throughput[k] < (1.0 - self.throughput_drop) * self.last_throughput[k]
+                if grew and dropped:
+                    self.learned_max[k] = self.last_batch_sizes[k]
+        upper = [
+            hi if cap is None else max(lo, min(hi, cap))
+            for hi, lo, cap in zip(limits.max_batch_size, limits.min_batch_size, self.learned_max)
+        ]
+        if sum(upper) < limits.global_batch_size:
+            warnings.warn(
+                f"The learned maximum batch sizes {self.learned_max} leave no room for the global"
+                f" batch {limits.global_batch_size}; forgetting them.",
+                stacklevel=3,
+            )
+            self.learned_max = [None] * world_size
+            upper = list(limits.max_batch_size)
+        return upper
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "learned_max": list(self.learned_max),
+            "last_batch_sizes": list(self.last_batch_sizes),
+            "last_throughput": list(self.last_throughput),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learned_max = list(state.get("learned_max", []))
+        self.last_batch_sizes = list(state.get("last_batch_sizes", []))
+        self.last_throughput = list(state.get("last_throughput", []))

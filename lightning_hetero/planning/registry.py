@@ -1,0 +1,29 @@
+"""Controllers selectable by name."""
+
+import inspect
+from typing import Any
+
+from lightning_hetero.planning.base import Controller
+from lightning_hetero.planning.proportional import ProportionalController
+from lightning_hetero.planning.static import StaticController
+
+__all__ = ["CONTROLLERS", "make_controller"]
+
+#: Controller classes by the name ``HeteroStrategy(controller=...)`` accepts.
+CONTROLLERS: dict[str, type[Controller]] = {
+    StaticController.name: StaticController,
+    ProportionalController.name: ProportionalController,
+}
+
+
+def make_controller(name: str, **options: Any) -> Controller:
+    """Build a controller by name; ``options`` the controller does not take are ignored."""
+    try:
+        cls = CONTROLLERS[name]
+    except KeyError:
+        raise ValueError(
+            f"Unknown controller {name!r}; expected one of {sorted(CONTROLLERS)} or a"
+            " `lightning_hetero.planning.Controller` instance."
+        ) from None
+    accepted = inspect.signature(cls).parameters
+    return cls(**{key: value for key, value in options.items() if key in accepted})

@@ -1,0 +1,193 @@
+"""A cluster simulator: workers with time curves, noise and speed changes.
+
+Controllers are tested against it in milliseconds: it plays the part of the
+measuring layer (per-step compute times, smoothed since the last change) and
+records what a real run records at each boundary.
+"""
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.smoothing import TimingSmoother
+from lightning_hetero.planning.split import balance_efficiency
+
+__all__ = ["HETEROGENEITY_LEVELS", "ClusterSimulator", "SimulatedWorker", "SimulationResult"]
+
+#: CPU cores of the four workers at OmniLearn's heterogeneity levels (paper 002, Table I);
+#: a worker's speed is proportional to its cores, HLx means fastest/slowest = x.
+HETEROGENEITY_LEVELS: dict[str, tuple[int, int, int, int]] = {
+    "HL1": (12, 12, 12, 12),
+    "HL2": (12, 12, 8, 16),
+    "HL4": (9, 9, 6, 24),
+    "HL8": (6, 6, 4, 32),
+}
+
+
+@dataclass(frozen=True)
+class SimulatedWorker:
+    """Compute time of one worker as a function of its batch size.
+
+    ``t(b) = sample_s * max(b, saturation_batch) + overhead_s``: below
+    ``saturation_batch`` the device is not full and time stays flat (GPU-like);
+    above ``memory_cap`` samples every extra sample costs ``over_cap_slowdown``
+    times more (swapping, allocator thrashing: throughput falls, paper 000 Fig. 5).
+    """
+
+    sample_s: float
+    overhead_s: float = 0.0
+    saturation_batch: int = 0
+    memory_cap: int | None = None
+    over_cap_slowdown: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.sample_s <= 0 or self.overhead_s < 0:
+            raise ValueError("`sample_s` must be > 0 and `overhead_s` >= 0.")
+        if self.over_cap_slowdown < 1:
+            raise ValueError("`over_cap_slowdown` must be >= 1.")
+
+    def step_s(self, batch_size: int, speed: float = 1.0) -> float:
+        """Noise-free compute time of one step, for a worker running at ``speed`` x."""
+        effective = max(batch_size, self.saturation_batch)
+        if self.memory_cap is not None and batch_size > self.memory_cap:
+            effective += (batch_size - self.memory_cap) * (self.over_cap_slowdown - 1.0)
+        return (self.sample_s * effective + self.overhead_s) / speed
+
+
+@dataclass
+class SimulationResult:
+    """What happened at each boundary of a simulated run."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def plans(self) -> list[list[int]]:
+        """The plan in force during each interval."""
+        return [entry["batch_sizes"] for entry in self.history]
+
+    @property
+    def balance(self) -> list[float]:
+        """True (noise-free) balance efficiency during each interval."""
+        return [entry["balance"] for entry in self.history]
+
+    @property
+    def adjustments(self) -> int:
+        """Number of boundaries at which the plan changed."""
+        return sum(entry["changed"] for entry in self.history)
+
+    def adjustments_to_balance(self, threshold: float = 0.95, start: int = 0) -> int | None:
+        """Plan changes made from boundary ``start`` until balance first reaches ``threshold``."""
+        changes = 0
+        for entry in self.history[start:]:
+            if entry["balance"] >= threshold:
+                return changes
+            changes += entry["changed"]
+        return None
+
+
+class ClusterSimulator:
+    """Simulated workers stepping in lock-step (BSP), one interval per boundary.
+
+    Args:
+        workers: one :class:`SimulatedWorker` per rank.
+        noise: relative standard deviation of each step's compute time (Gaussian).
+        speed_changes: ``{boundary: speeds}``; from that boundary on, worker ``k``
+            runs ``speeds[k]`` times as fast as its curve says (the latest entry
+            at or before a boundary applies; before the first, speeds are 1).
+        seed: seed of the noise.
+
+    Example:
+        >>> from lightning_hetero.planning import BatchLimits, ProportionalController
+        >>> sim = ClusterSimulator.from_speeds([9, 9, 6, 24])
+        >>> result = sim.run(ProportionalController(), [64] * 4, BatchLimits.build(4, 256), 3)
+        >>> result.plans
+        [[64, 64, 64, 64], [48, 48, 32, 128], [48, 48, 32, 128]]
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[SimulatedWorker],
+        noise: float = 0.0,
+        speed_changes: Mapping[int, Sequence[float]] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not workers:
+            raise ValueError("The simulator needs at least one worker.")
+        if noise < 0:
+            raise ValueError(f"`noise` must be >= 0, got {noise}.")
+        self.workers = list(workers)
+        self.noise = noise
+        self.speed_changes = {int(k): list(v) for k, v in (speed_changes or {}).items()}
+        for boundary, speeds in self.speed_changes.items():
+            if len(speeds) != len(self.workers) or any(s <= 0 for s in speeds):
+                raise ValueError(f"speed_changes[{boundary}] needs one positive speed per worker.")
+        self._rng = random.Random(seed)
+
+    @classmethod
+    def from_speeds(
+        cls,
+        speeds: Sequence[float],
+        sample_s: float = 0.01,
+        overhead_s: float = 0.0,
+        **kwargs: Any,
+    ) -> "ClusterSimulator":
+        """Linear workers whose per-sample time is ``sample_s * max(speeds) / speed``."""
+        fastest = max(speeds)
+        workers = [SimulatedWorker(sample_s * fastest / s, overhead_s) for s in speeds]
+        return cls(workers, **kwargs)
+
+    def speeds_at(self, boundary: int) -> list[float]:
+        """Speed multipliers in force during interval ``boundary``."""
+        speeds = [1.0] * len(self.workers)
+        for start in sorted(self.speed_changes):
+            if start <= boundary:
+                speeds = self.speed_changes[start]
+        return list(speeds)
+
+    def true_step_s(self, batch_sizes: Sequence[int], boundary: int) -> list[float]:
+        """Noise-free compute times of one step."""
+        speeds = self.speeds_at(boundary)
+        return [w.step_s(b, s) for w, b, s in zip(self.workers, batch_sizes, speeds)]
+
+    def step_s(self, batch_sizes: Sequence[int], boundary: int) -> list[float]:
+        """Compute times of one step, with noise."""
+        return [
+            t * max(0.05, 1.0 + self._rng.gauss(0.0, self.noise))
+            for t in self.true_step_s(batch_sizes, boundary)
+        ]
+
+    def run(
+        self,
+        controller: Controller,
+        batch_sizes: Sequence[int],
+        limits: BatchLimits,
+        boundaries: int,
+        steps_per_boundary: int = 20,
+        smoothing: float = 0.8,
+    ) -> SimulationResult:
+        """Run ``boundaries`` intervals; after each, the controller picks the next plan."""
+        if len(batch_sizes) != len(self.workers):
+            raise ValueError("One initial batch size per worker is needed.")
+        plan = list(batch_sizes)
+        result = SimulationResult()
+        smoothers = [TimingSmoother(smoothing) for _ in self.workers]
+        for boundary in range(boundaries):
+            for _ in range(steps_per_boundary):
+                for smoother, b, t in zip(smoothers, plan, self.step_s(plan, boundary)):
+                    smoother.update(b, t, 0.0)
+            compute_s = [s.compute_s for s in smoothers]
+            new_plan = controller.update(plan, compute_s, limits)
+            result.history.append(
+                {
+                    "boundary": boundary,
+                    "batch_sizes": plan,
+                    "compute_times": compute_s,
+                    "balance": balance_efficiency(plan, self.true_step_s(plan, boundary)),
+                    "measured_balance": balance_efficiency(plan, compute_s),
+                    "changed": new_plan != plan,
+                }
+            )
+            plan = new_plan
+        return result
