@@ -1,0 +1,157 @@
+"""One training run of the digits workload on emulated workers, as its own process group.
+
+Used by the benchmark, the demo and the end-to-end tests::
+
+    python -m lightning_hetero.bench.run '{"strategy": "hetero", "workers": 4, ...}'
+
+Lightning's launcher starts the other ranks by re-running this command; rank 0 writes
+a JSON summary to ``result`` when the run ends.
+"""
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
+
+__all__ = ["EpochTimer", "RunConfig", "run"]
+
+
+@dataclass
+class RunConfig:
+    """What to run; every field has a JSON-friendly type."""
+
+    strategy: str = "hetero"  # "hetero" or "ddp"
+    workers: int = 4
+    sample_cost: list[float] | dict[str, list[float]] | None = None
+    epochs: int = 4
+    batch_size: int = 32  # per rank under uniform DDP; B = batch_size * workers
+    controller: str = "proportional"
+    batch_sizes: str | list[int] = "uniform"
+    adjust_every: str | int = "epoch"
+    weighted: bool = True
+    deadband: float = 0.05
+    model: str = "cnn"  # "cnn" (BatchNorm + torchmetrics) or "boring" (Lightning's BoringModel)
+    lr: float = 0.05
+    num_workers: int = 0
+    seed: int = 0
+    log_dir: str | None = None
+    checkpoint_dir: str | None = None
+    resume_from: str | None = None
+    validate: bool = True
+    result: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class EpochTimer(Callback):
+    """Wall time of each training epoch, as rank 0 sees it (ranks move in lock-step)."""
+
+    def __init__(self) -> None:
+        self.epoch_s: list[float] = []
+        self._start = 0.0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.epoch_s.append(time.perf_counter() - self._start)
+
+
+def _model_and_data(config: RunConfig) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+    if config.model == "boring":
+        from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+        return BoringModel(), BoringDataModule()
+    from lightning_hetero.bench.workload import DigitsCNN, DigitsDataModule
+
+    return DigitsCNN(lr=config.lr), DigitsDataModule(config.batch_size, config.num_workers, config.seed)
+
+
+def run(config: RunConfig) -> dict[str, Any]:
+    """Train as configured; returns (and on rank 0 writes) the summary."""
+    from lightning_hetero import HeteroStrategy
+    from lightning_hetero.emulate import Throttle
+
+    torch.set_num_threads(1)  # several ranks share the machine's cores
+    pl.seed_everything(config.seed, workers=True, verbose=False)
+    if config.strategy == "hetero":
+        strategy: DDPStrategy = HeteroStrategy(
+            controller=config.controller,
+            batch_sizes=config.batch_sizes,
+            adjust_every=config.adjust_every,
+            weighted=config.weighted,
+            deadband=config.deadband,
+            **config.extra,
+        )
+    elif config.strategy == "ddp":
+        strategy = DDPStrategy()
+    else:
+        raise ValueError(f"Unknown strategy {config.strategy!r}; expected 'hetero' or 'ddp'.")
+    timer = EpochTimer()
+    callbacks: list[Callback] = [timer]
+    if config.sample_cost is not None:
+        cost = config.sample_cost
+        if isinstance(cost, dict):
+            cost = {int(epoch): costs for epoch, costs in cost.items()}
+        callbacks.append(Throttle(cost))
+    if config.checkpoint_dir:
+        callbacks.append(ModelCheckpoint(dirpath=config.checkpoint_dir, save_last=True, save_top_k=0))
+    loggers: list[Any] = []
+    if config.log_dir:
+        loggers = [
+            CSVLogger(config.log_dir, name=config.strategy, version="csv"),
+            TensorBoardLogger(config.log_dir, name=config.strategy, version="tensorboard"),
+        ]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=config.workers,
+        strategy=strategy,
+        max_epochs=config.epochs,
+        callbacks=callbacks,
+        logger=loggers or False,
+        enable_checkpointing=bool(config.checkpoint_dir),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        log_every_n_steps=1,
+    )
+    model, data = _model_and_data(config)
+    started = time.perf_counter()
+    trainer.fit(model, data, ckpt_path=config.resume_from)
+    fit_s = time.perf_counter() - started
+    metrics: dict[str, float] = {}
+    if config.validate and config.model == "cnn":
+        trainer.limit_val_batches = 1.0
+        (metrics,) = trainer.validate(model, data, verbose=False)
+    summary: dict[str, Any] = {
+        "config": asdict(config),
+        "epoch_s": timer.epoch_s,
+        "fit_s": fit_s,
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "world_size": trainer.world_size,
+    }
+    if isinstance(strategy, HeteroStrategy):
+        summary["batch_sizes"] = strategy.batch_sizes
+        summary["history"] = strategy.history
+    if trainer.global_rank == 0 and config.result:
+        Path(config.result).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: python -m lightning_hetero.bench.run '<json config>'")
+    run(RunConfig(**json.loads(args[0])))
+
+
+if __name__ == "__main__":
+    main()

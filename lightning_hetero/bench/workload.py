@@ -1,0 +1,97 @@
+"""The benchmark and demo workload: a small CNN on scikit-learn's handwritten digits.
+
+``sklearn.datasets.load_digits`` ships inside scikit-learn (1,797 8x8 images, 10
+classes), so runs need no network. scikit-learn is a ``dev`` extra.
+"""
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torchmetrics
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+__all__ = ["DigitsCNN", "DigitsDataModule", "load_digits_tensors"]
+
+
+def load_digits_tensors(seed: int = 0, test_fraction: float = 0.2) -> tuple[TensorDataset, TensorDataset]:
+    """Digits as ``(train, test)`` TensorDatasets of ``1x8x8`` images in ``[0, 1]``."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as err:  # pragma: no cover - dev extra missing
+        raise ImportError("The digits workload needs scikit-learn: pip install 'lightning_hetero[dev]'") from err
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    num_test = int(len(labels) * test_fraction)
+    test, train = order[:num_test], order[num_test:]
+    return TensorDataset(images[train], labels[train]), TensorDataset(images[test], labels[test])
+
+
+class DigitsDataModule(pl.LightningDataModule):
+    """Train/test split of the digits; ``batch_size`` is the per-rank (uniform) batch."""
+
+    def __init__(self, batch_size: int = 32, num_workers: int = 0, seed: int = 0) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.train_set, self.test_set = load_digits_tensors(seed)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.train_set,
+            batch_size=self.batch_size,
+            shuffle=True,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.test_set, batch_size=256)
+
+
+class DigitsCNN(pl.LightningModule):
+    """Two conv layers with BatchNorm and a linear head; logs accuracy with torchmetrics."""
+
+    def __init__(self, lr: float = 0.05, batch_norm: bool = True) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        norm = nn.BatchNorm2d if batch_norm else nn.Identity
+        self.net = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            norm(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            norm(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(128, 10),
+        )
+        self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=10)
+        self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = nn.functional.cross_entropy(logits, labels)
+        self.train_acc(logits, labels)
+        self.log("train_loss", loss, batch_size=len(labels))
+        self.log("train_acc", self.train_acc, on_step=False, on_epoch=True, batch_size=len(labels))
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        images, labels = batch
+        logits = self(images)
+        self.val_acc(logits, labels)
+        self.log("val_loss", nn.functional.cross_entropy(logits, labels), sync_dist=True, batch_size=len(labels))
+        self.log("val_acc", self.val_acc, batch_size=len(labels))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)

@@ -1,0 +1,206 @@
+"""HeteroCallback: measures, re-plans at boundaries, logs, checkpoints the controller."""
+
+import math
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
+from typing_extensions import override
+
+from lightning_hetero.planning import TimingSmoother, balance_efficiency
+
+__all__ = ["HeteroCallback"]
+
+#: Version of the checkpointed state; bump when its layout changes.
+STATE_VERSION = 1
+
+
+class HeteroCallback(Callback):
+    """The measuring and deciding half of :class:`~lightning_hetero.HeteroStrategy`.
+
+    After every training batch it folds this rank's step timings into an EWMA; at each
+    boundary (epoch end, or every ``adjust_every`` batches) it all-gathers
+    ``(b_k, compute_s, wait_s)`` from every rank, runs the strategy's controller (the
+    same on every rank, so all reach the same plan), applies the plan, appends a record
+    to ``strategy.history`` and logs it to every attached logger:
+    ``hetero/batch_size/rank{k}``, ``hetero/compute_time/rank{k}``,
+    ``hetero/wait_time/rank{k}``, ``hetero/throughput/rank{k}``, ``hetero/balance`` and
+    ``hetero/adjustments``. Its state (plan, controller, history) is saved in checkpoints.
+
+    The strategy attaches one automatically; pass your own instance in
+    ``Trainer(callbacks=...)`` to change its options.
+
+    Args:
+        tensorboard_layout: add a TensorBoard custom-scalars layout that draws batch size,
+            compute time, wait time and throughput of all ranks as one chart each.
+    """
+
+    def __init__(self, tensorboard_layout: bool = True) -> None:
+        self.tensorboard_layout = tensorboard_layout
+        self._smoother = TimingSmoother()
+        self._batches = 0
+        self._adjustments = 0
+        self._restored: dict[str, Any] | None = None
+        self._hetero: Any = None
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return "HeteroCallback"
+
+    # ---------------------------------------------------------------- lifecycle
+    @staticmethod
+    def _strategy(trainer: "pl.Trainer") -> Any:
+        from lightning_hetero.strategy import HeteroStrategy
+
+        strategy = trainer.strategy
+        if not isinstance(strategy, HeteroStrategy):
+            raise TypeError(
+                f"HeteroCallback needs Trainer(strategy=HeteroStrategy(...)), got {type(strategy).__name__}."
+            )
+        return strategy
+
+    @override
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        strategy = self._hetero = self._strategy(trainer)
+        self._smoother = TimingSmoother(strategy.smoothing)
+        if self._restored is not None:
+            state, self._restored = self._restored, None
+            strategy.restore_plan(state["batch_sizes"])
+            if state["controller_class"] == type(strategy.controller).__name__:
+                strategy.controller.load_state_dict(state["controller"])
+            else:
+                rank_zero_warn(
+                    f"The checkpoint was written with the {state['controller_class']} controller,"
+                    f" this run uses {type(strategy.controller).__name__}: its state starts fresh."
+                )
+            strategy.history[:] = state["history"]
+            self._adjustments = state["adjustments"]
+            self._batches = state.get("batches", 0)
+        if self.tensorboard_layout:
+            self._add_tensorboard_layout(trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        strategy = self._strategy(trainer)
+        for batch_size, compute_s, wait_s in strategy._timer.collect():
+            self._smoother.update(batch_size, compute_s, wait_s)
+        self._batches += 1
+        if strategy.adjust_every != "epoch" and self._batches % strategy.adjust_every == 0:
+            self._boundary(trainer, strategy)
+
+    @override
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        strategy = self._strategy(trainer)
+        if strategy.adjust_every == "epoch":
+            for batch_size, compute_s, wait_s in strategy._timer.collect(synchronize=True):
+                self._smoother.update(batch_size, compute_s, wait_s)
+            self._boundary(trainer, strategy)
+
+    # ---------------------------------------------------------------- the boundary
+    def _boundary(self, trainer: "pl.Trainer", strategy: Any) -> None:
+        sampler = strategy.sampler
+        if sampler is None or strategy.limits is None:
+            return
+        s = self._smoother
+        rows = strategy.gather_rows([s.batch_size, s.compute_s, s.wait_s, s.steps, sampler.cursor])
+        measured = [int(row[0]) for row in rows]
+        compute_s = [row[1] for row in rows]
+        wait_s = [row[2] for row in rows]
+        first_undrawn_step = int(max(row[4] for row in rows))
+        plan = strategy.batch_sizes
+
+        entry: dict[str, Any] = {
+            "epoch": trainer.current_epoch,
+            "step": trainer.global_step,
+            "batch_sizes": plan,
+            "compute_times": compute_s,
+            "wait_times": wait_s,
+            "balance": float("nan"),
+            "changed": False,
+        }
+        if measured != plan or any(row[3] < 1 for row in rows):
+            rank_zero_info(
+                "hetero: no timings at the current plan yet (the last change has not reached every"
+                " rank's loader); keeping the plan until the next boundary."
+            )
+        elif not all(math.isfinite(t) and t > 0 for t in compute_s):
+            rank_zero_warn(
+                f"hetero: compute times {compute_s} are not all finite and positive; keeping the"
+                f" plan {plan}."
+            )
+        else:
+            entry["balance"] = balance_efficiency(plan, compute_s)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                new_plan = strategy.controller.update(plan, compute_s, strategy.limits)
+            for warning in caught:
+                rank_zero_warn(str(warning.message))
+            if new_plan != plan:
+                strategy.apply_plan(new_plan, from_step=first_undrawn_step)
+                self._adjustments += 1
+                entry["changed"] = True
+        entry["next_batch_sizes"] = strategy.batch_sizes
+        strategy.history.append(entry)
+        self._log(trainer, entry)
+
+    def _log(self, trainer: "pl.Trainer", entry: dict[str, Any]) -> None:
+        metrics: dict[str, float] = {}
+        for rank, (b, t, w) in enumerate(
+            zip(entry["batch_sizes"], entry["compute_times"], entry["wait_times"])
+        ):
+            metrics[f"hetero/batch_size/rank{rank}"] = float(b)
+            metrics[f"hetero/compute_time/rank{rank}"] = t
+            metrics[f"hetero/wait_time/rank{rank}"] = w
+            metrics[f"hetero/throughput/rank{rank}"] = b / t if t > 0 else float("nan")
+        metrics["hetero/balance"] = entry["balance"]
+        metrics["hetero/adjustments"] = float(self._adjustments)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    @rank_zero_only
+    def _add_tensorboard_layout(self, trainer: "pl.Trainer") -> None:
+        charts = {
+            "batch size per rank": ["Multiline", [r"hetero/batch_size/rank\d+"]],
+            "compute time per rank (s)": ["Multiline", [r"hetero/compute_time/rank\d+"]],
+            "wait time per rank (s)": ["Multiline", [r"hetero/wait_time/rank\d+"]],
+            "throughput per rank (samples/s)": ["Multiline", [r"hetero/throughput/rank\d+"]],
+            "balance efficiency": ["Multiline", [r"hetero/balance"]],
+        }
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_custom_scalars({"hetero": charts})
+
+    # ---------------------------------------------------------------- checkpoints
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        strategy = self._hetero
+        if strategy is None or not strategy.batch_sizes:
+            return {}
+        return {
+            "version": STATE_VERSION,
+            "batch_sizes": strategy.batch_sizes,
+            "world_size": strategy.world_size,
+            "controller_class": type(strategy.controller).__name__,
+            "controller": strategy.controller.state_dict(),
+            "history": [dict(entry) for entry in strategy.history],
+            "adjustments": self._adjustments,
+            "batches": self._batches,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        version = state_dict.get("version")
+        if version != STATE_VERSION:
+            raise ValueError(
+                f"This checkpoint's HeteroCallback state has version {version}; this version of"
+                f" lightning_hetero reads version {STATE_VERSION}. Upgrade lightning_hetero."
+            )
+        self._restored = dict(state_dict)

@@ -1,0 +1,76 @@
+"""What each rank's process can use: CPU cores and GPU compute, for open-loop plans."""
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+__all__ = ["available_cores", "flops_or_nan", "gpu_flops"]
+
+
+def _cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPU quota of this process's cgroup in cores, or ``None`` when unlimited or unknown."""
+    v2 = root / "cpu.max"
+    if v2.is_file():
+        quota, _, period = v2.read_text().strip().partition(" ")
+        if quota != "max" and period:
+            return int(quota) / int(period)
+        return None
+    quota_file, period_file = root / "cpu" / "cpu.cfs_quota_us", root / "cpu" / "cpu.cfs_period_us"
+    if quota_file.is_file() and period_file.is_file():
+        quota = int(quota_file.read_text())
+        if quota > 0:
+            return quota / int(period_file.read_text())
+    return None
+
+
+def available_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float:
+    """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota.
+
+    Ranks that share a machine share its cores; each rank reports what its own
+    process is allowed, so pin ranks (``taskset``, container CPU limits) for this
+    to mean anything.
+    """
+    try:
+        cores = float(len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = float(os.cpu_count() or 1)
+    try:
+        limit = _cgroup_cpu_limit(cgroup_root)
+    except (OSError, ValueError):
+        limit = None
+    return min(cores, limit) if limit else cores
+
+
+def gpu_flops(device: torch.device) -> float:
+    """A FLOPs proxy for a CUDA device: streaming multiprocessors x maximum SM clock (MHz).
+
+    The SM count comes from torch, the clock from NVML (nvidia-ml-py); the device is
+    matched by UUID so ``CUDA_VISIBLE_DEVICES`` renumbering does not matter.
+    """
+    import pynvml
+
+    props = torch.cuda.get_device_properties(device)
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{props.uuid}")
+        clock_mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+    finally:
+        pynvml.nvmlShutdown()
+    return float(props.multi_processor_count * clock_mhz)
+
+
+def flops_or_nan(device: torch.device) -> float:
+    """:func:`gpu_flops` of ``device``, or NaN where it is not a CUDA device or NVML fails.
+
+    The caller falls back to cores for *all* ranks when any rank has no FLOPs figure:
+    mixing FLOPs and cores in one split would be meaningless.
+    """
+    if device.type != "cuda":
+        return float("nan")
+    try:
+        return gpu_flops(device)
+    except Exception as err:  # NVML missing, no permission, old driver
+        warnings.warn(f"Could not read the GPU through NVML: {err}", stacklevel=2)
+        return float("nan")

@@ -1,0 +1,149 @@
+"""The global-batch slicing batch sampler (DESIGN section 3)."""
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+from lightning_hetero.planning import PlanError, check_plan, proportional_split
+
+__all__ = ["EpochPermutation", "GlobalBatchSampler"]
+
+
+class EpochPermutation(Sampler[int]):
+    """One permutation of ``range(num_samples)`` per epoch, identical on every rank.
+
+    Lightning calls :meth:`set_epoch` on ``loader.batch_sampler.sampler`` at every epoch
+    start, which is how the slicing sampler learns the epoch.
+    """
+
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0) -> None:
+        self.num_samples = num_samples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def permutation(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.permutation())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    """Yield this rank's slice of each global batch of one shared permutation.
+
+    Step ``s`` owns positions ``[s*B, (s+1)*B)`` of the epoch's permutation and rank
+    ``k`` takes the ``b_k`` positions starting at ``b_0 + ... + b_{k-1}``. Every rank
+    therefore has the same number of steps, each sample is used once per epoch, and
+    the split can change at any step boundary without reshuffling.
+
+    Plan changes are scheduled with :meth:`set_plan` from a given step on. The
+    caller must pick a step no rank has drawn yet (DataLoader workers prefetch);
+    :attr:`cursor` is the number of batches drawn in the current epoch.
+
+    ``drop_last`` decides what happens to the ``N mod B`` samples that do not fill a
+    global batch: ``True`` drops them (a different set each shuffled epoch);
+    ``False`` keeps them all, as one last smaller step split in proportion to the
+    plan when there are at least as many of them as ranks, otherwise as one extra
+    sample for each of the ranks with the largest batches in the last full step.
+    """
+
+    def __init__(
+        self,
+        sampler: EpochPermutation,
+        batch_sizes: Sequence[int],
+        rank: int,
+        drop_last: bool = False,
+    ) -> None:
+        plan = check_plan(batch_sizes, len(batch_sizes))
+        if not 0 <= rank < len(plan):
+            raise ValueError(f"rank {rank} is outside the plan of {len(plan)} ranks.")
+        self.sampler = sampler
+        self.rank = rank
+        self.drop_last = drop_last
+        self.global_batch_size = sum(plan)
+        num_samples = len(sampler)
+        if num_samples < self.global_batch_size:
+            raise PlanError(
+                f"The training set has {num_samples} samples, fewer than one global batch of"
+                f" {self.global_batch_size}: lower the batch size or add data."
+            )
+        self.cursor = 0
+        self._epoch_plan = plan
+        self._changes: list[tuple[int, list[int]]] = []
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The latest plan (the one the next epoch starts with)."""
+        return list(self._changes[-1][1] if self._changes else self._epoch_plan)
+
+    def set_plan(self, batch_sizes: Sequence[int], from_step: int | None = None) -> None:
+        """Use ``batch_sizes`` from step ``from_step`` of the current epoch on.
+
+        ``None`` (or a step at or past the end of the epoch) means from the next epoch.
+        A step already drawn cannot be changed: that would break exact coverage.
+        """
+        plan = check_plan(batch_sizes, len(self._epoch_plan), self.global_batch_size)
+        if from_step is None or from_step >= len(self):
+            from_step = len(self)
+        elif from_step < self.cursor:
+            raise ValueError(
+                f"Cannot change the plan from step {from_step}: this rank has already drawn"
+                f" {self.cursor} batches of the epoch."
+            )
+        self._changes = [(s, p) for s, p in self._changes if s < from_step]
+        self._changes.append((from_step, plan))
+
+    def plan_at(self, step: int) -> list[int]:
+        """The plan that governs step ``step`` of the current epoch."""
+        plan = self._epoch_plan
+        for start, changed in self._changes:
+            if start <= step:
+                plan = changed
+        return plan
+
+    def layout(self, step: int) -> tuple[int, list[int]]:
+        """First position in the permutation and per-rank sizes of step ``step``."""
+        num_samples, total = len(self.sampler), self.global_batch_size
+        full_steps, remainder = divmod(num_samples, total)
+        plan = self.plan_at(step)
+        start = step * total
+        if self.drop_last or remainder == 0 or (step < full_steps - 1):
+            return start, list(plan)
+        world_size = len(plan)
+        if remainder >= world_size:
+            if step == full_steps:
+                return start, proportional_split(plan, remainder)
+            return start, list(plan)
+        # Fewer leftovers than ranks: the ranks with the largest batches take one more each.
+        order = sorted(range(world_size), key=lambda k: (-plan[k], k))[:remainder]
+        return start, [b + (k in order) for k, b in enumerate(plan)]
+
+    def __len__(self) -> int:
+        full_steps, remainder = divmod(len(self.sampler), self.global_batch_size)
+        if not self.drop_last and remainder >= len(self._epoch_plan):
+            return full_steps + 1
+        return full_steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # A new epoch starts from the latest plan; scheduled changes have been folded in.
+        self._epoch_plan = self.batch_sizes
+        self._changes = []
+        self.cursor = 0
+        positions = self.sampler.permutation()
+        for step in range(len(self)):
+            start, sizes = self.layout(step)
+            offset = start + sum(sizes[: self.rank])
+            self.cursor = step + 1
+            yield positions[offset : offset + sizes[self.rank]]

@@ -1,0 +1,427 @@
+"""HeteroStrategy: DDP in which every rank gets its own batch size."""
+
+import math
+import os
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.strategies import _StrategyRegistry
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities.data import _is_dataloader_shuffled
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data.distributed import DistributedSampler
+from typing_extensions import override
+
+from lightning_hetero._comm import (
+    CudaStepTimer,
+    HostStepTimer,
+    WeightedHookState,
+    weighted_allreduce_hook,
+)
+from lightning_hetero.planning import (
+    BatchLimits,
+    Controller,
+    PlanError,
+    check_plan,
+    make_controller,
+    proportional_split,
+)
+from lightning_hetero.resources import available_cores, flops_or_nan
+from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
+
+__all__ = ["HeteroStrategy"]
+
+_MODES = ("bsp", "async", "local")
+_INITIAL_PLANS = ("uniform", "cores", "flops")
+_FORBIDDEN_DDP_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+
+
+class HeteroStrategy(DDPStrategy):
+    """Data-parallel training where each rank's batch size follows its speed.
+
+    The global batch ``B`` stays fixed; rank ``k`` trains on ``b_k`` samples per step,
+    gradients are combined with weights ``b_k / B`` (exactly the gradient of the mean
+    loss over ``B`` samples), and a controller re-plans the split from measured
+    compute times so that fast ranks stop waiting for slow ones.
+
+    Args:
+        mode: ``"bsp"`` (synchronous, the only mode in this version); ``"async"`` and
+            ``"local"`` are reserved for the parameter-server and local-SGD modes.
+        controller: a controller name (``"proportional"``, ``"static"``) or a
+            :class:`~lightning_hetero.planning.Controller` instance.
+        batch_sizes: the initial plan: ``"uniform"``, ``"cores"`` (CPU cores each rank's
+            process may use), ``"flops"`` (GPU SMs x clock via NVML, falling back to
+            cores), or one batch size per rank.
+        global_batch_size: ``B``; default: the sum of an explicit plan, else the training
+            loader's ``batch_size`` times the world size.
+        min_batch_size: smallest batch any rank may get.
+        max_batch_size: largest batch any rank may get (default: no limit but ``B``).
+        deadband: relative change below which the plan is kept (controllers built by name).
+        smoothing: EWMA factor of step times, in ``[0, 1)``; 0 keeps only the last step.
+        adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
+        weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
+            (inexact with unequal batches; for ablations only).
+        **kwargs: forwarded to :class:`~torch.nn.parallel.DistributedDataParallel`
+            (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``.
+
+    The other arguments are those of :class:`~lightning.pytorch.strategies.DDPStrategy`.
+    DDP communication hooks and post-local-SGD cannot be combined with this strategy: it
+    installs its own hook.
+    """
+
+    strategy_name = "hetero"
+
+    def __init__(
+        self,
+        mode: Literal["bsp", "async", "local"] = "bsp",
+        controller: str | Controller = "proportional",
+        batch_sizes: str | list[int] = "uniform",
+        global_batch_size: int | None = None,
+        min_batch_size: int = 1,
+        max_batch_size: int | None = None,
+        deadband: float = 0.05,
+        smoothing: float = 0.8,
+        adjust_every: Literal["epoch"] | int = "epoch",
+        weighted: bool = True,
+        accelerator: "pl.accelerators.Accelerator | None" = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        **kwargs: Any,
+    ) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"Unknown mode {mode!r}; expected one of {list(_MODES)}.")
+        if mode != "bsp":
+            raise NotImplementedError(
+                f"mode={mode!r} is not available in this version of lightning_hetero;"
+                " use mode='bsp'."
+            )
+        forbidden = [name for name in _FORBIDDEN_DDP_OPTIONS if kwargs.get(name) is not None]
+        if forbidden:
+            raise ValueError(
+                f"HeteroStrategy installs its own weighted communication hook; {forbidden}"
+                " cannot be combined with it."
+            )
+        if isinstance(min_batch_size, bool) or not isinstance(min_batch_size, int) or min_batch_size < 1:
+            raise ValueError(f"`min_batch_size` must be an integer >= 1, got {min_batch_size!r}.")
+        if max_batch_size is not None and max_batch_size < min_batch_size:
+            raise ValueError(
+                f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size`"
+                f" ({max_batch_size})."
+            )
+        if not 0.0 <= deadband < 1.0:
+            raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing}.")
+        if adjust_every != "epoch" and (
+            isinstance(adjust_every, bool) or not isinstance(adjust_every, int) or adjust_every < 1
+        ):
+            raise ValueError(f"`adjust_every` must be 'epoch' or an integer >= 1, got {adjust_every!r}.")
+        if global_batch_size is not None and global_batch_size < 1:
+            raise ValueError(f"`global_batch_size` must be >= 1, got {global_batch_size}.")
+        if isinstance(batch_sizes, str):
+            if batch_sizes not in _INITIAL_PLANS:
+                raise ValueError(
+                    f"Unknown initial plan {batch_sizes!r}; expected one of {list(_INITIAL_PLANS)}"
+                    " or a list with one batch size per rank."
+                )
+        else:
+            batch_sizes = check_plan(batch_sizes, len(batch_sizes))
+            if global_batch_size is not None and sum(batch_sizes) != global_batch_size:
+                raise ValueError(
+                    f"The plan {batch_sizes} sums to {sum(batch_sizes)}, not `global_batch_size`"
+                    f" {global_batch_size}."
+                )
+            check_plan(batch_sizes, len(batch_sizes), lower=[min_batch_size] * len(batch_sizes),
+                       upper=None if max_batch_size is None else [max_batch_size] * len(batch_sizes))
+        if isinstance(controller, str):
+            controller = make_controller(controller, deadband=deadband)
+        elif not isinstance(controller, Controller):
+            raise TypeError(
+                f"`controller` must be a name or a Controller instance, got {type(controller).__name__}."
+            )
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            **kwargs,
+        )
+        self.mode = mode
+        self.controller: Controller = controller
+        self.smoothing = smoothing
+        self.adjust_every = adjust_every
+        self.weighted = weighted
+        self._initial_plan = batch_sizes
+        self._global_batch_size = global_batch_size
+        self._min_batch_size = min_batch_size
+        self._max_batch_size = max_batch_size
+        self._plan: list[int] | None = None
+        self._limits: BatchLimits | None = None
+        self._capacities: list[float] | None = None
+        self._restored_plan: list[int] | None = None
+        self._user_shuffle: bool | None = None
+        self.sampler: GlobalBatchSampler | None = None
+        self.history: list[dict[str, Any]] = []
+        self._timer: HostStepTimer = HostStepTimer()
+        self._hook_state: WeightedHookState | None = None
+
+    # ---------------------------------------------------------------- public state
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The current plan, one batch size per global rank (empty until it is known)."""
+        if self.sampler is not None:
+            return self.sampler.batch_sizes
+        if self._plan is not None:
+            return list(self._plan)
+        return list(self._initial_plan) if isinstance(self._initial_plan, list) else []
+
+    @property
+    def limits(self) -> BatchLimits | None:
+        """The global batch and per-rank bounds, once the training loader has been seen."""
+        return self._limits
+
+    # ---------------------------------------------------------------- setup
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if isinstance(self._initial_plan, list) and len(self._initial_plan) != self.world_size:
+            raise PlanError(
+                f"`batch_sizes` has {len(self._initial_plan)} entries but there are"
+                f" {self.world_size} ranks: give one batch size per rank."
+            )
+        if self._global_batch_size is not None or isinstance(self._initial_plan, list):
+            total = self._global_batch_size or sum(self._initial_plan)
+            BatchLimits.build(self.world_size, total, self._min_batch_size, self._max_batch_size)
+        from lightning_hetero.callback import HeteroCallback
+
+        trainer = self.lightning_module.trainer
+        if not any(isinstance(cb, HeteroCallback) for cb in trainer.callbacks):
+            trainer.callbacks.append(HeteroCallback())
+
+    @override
+    def setup(self, trainer: "pl.Trainer") -> None:
+        super().setup(trainer)
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        self._timer = CudaStepTimer() if self.root_device.type == "cuda" else HostStepTimer()
+        if self._hook_state is not None:
+            self._hook_state.timer = self._timer
+        if self._initial_plan in ("cores", "flops") and self._capacities is None:
+            self._capacities = self._gather_capacities(self._initial_plan)
+        self._watch_user_shuffle(trainer)
+
+    def _gather_capacities(self, kind: str) -> list[float]:
+        local = [available_cores(), flops_or_nan(self.root_device) if kind == "flops" else 0.0]
+        rows = self.gather_rows(local)
+        if kind == "flops":
+            flops = [row[1] for row in rows]
+            if all(math.isfinite(f) and f > 0 for f in flops):
+                return flops
+            rank_zero_warn(
+                "batch_sizes='flops' needs every rank on a CUDA device readable through NVML;"
+                f" got {flops}. Using CPU cores instead."
+            )
+        return [row[0] for row in rows]
+
+    def _watch_user_shuffle(self, trainer: "pl.Trainer") -> None:
+        # Lightning replaces the training sampler with DistributedSampler(shuffle=True) before
+        # `process_dataloader` sees the loader; note the user's own choice on the way in.
+        connector = trainer._data_connector
+        prepare = connector._prepare_dataloader
+        if getattr(prepare, "_hetero_wrapped", False):
+            return
+
+        def prepare_and_note_shuffle(dataloader: object, shuffle: bool, mode: RunningStage) -> object:
+            if mode == RunningStage.TRAINING:
+                self._user_shuffle = _is_dataloader_shuffled(dataloader)
+            return prepare(dataloader, shuffle=shuffle, mode=mode)
+
+        prepare_and_note_shuffle._hetero_wrapped = True  # type: ignore[attr-defined]
+        connector._prepare_dataloader = prepare_and_note_shuffle
+
+    @override
+    def _register_ddp_hooks(self) -> None:
+        # DDPStrategy registers hooks on CUDA only; ours must run on every device.
+        assert isinstance(self.model, DistributedDataParallel)
+        self._hook_state = WeightedHookState(
+            process_group=None, world_size=self.world_size, timer=self._timer, weighted=self.weighted
+        )
+        self.model.register_comm_hook(self._hook_state, weighted_allreduce_hook)
+
+    # ---------------------------------------------------------------- data
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        trainer = self.lightning_module.trainer
+        if trainer.state.stage != RunningStage.TRAINING:
+            return dataloader  # validation, test and predict keep Lightning's sharding
+        if not isinstance(dataloader, DataLoader):
+            raise TypeError(
+                "HeteroStrategy needs the training data as a torch DataLoader over a map-style"
+                f" dataset, got {type(dataloader).__name__}."
+            )
+        return self._slice_training_loader(dataloader)
+
+    def _slice_training_loader(self, loader: DataLoader) -> DataLoader:
+        if isinstance(loader.dataset, IterableDataset):
+            raise TypeError(
+                "HeteroStrategy slices one global permutation per epoch, which needs a map-style"
+                " dataset (with __len__ and __getitem__); an IterableDataset cannot be split by"
+                " rank speed. Wrap the data in a map-style Dataset."
+            )
+        if type(loader.batch_sampler) is not BatchSampler:
+            raise TypeError(
+                "HeteroStrategy builds each rank's batches itself and cannot use a custom"
+                f" `batch_sampler` ({type(loader.batch_sampler).__name__}); pass `batch_size`"
+                " (and `shuffle`, `drop_last`) to the training DataLoader instead."
+            )
+        sampler = loader.sampler
+        if isinstance(sampler, DistributedSampler) and type(sampler) is not DistributedSampler:
+            raise TypeError(
+                f"HeteroStrategy cannot keep the custom sampler {type(sampler).__name__}: it draws"
+                " each sample exactly once per epoch from one shared permutation. Use"
+                " `shuffle=True` or `shuffle=False` on the training DataLoader."
+            )
+        if isinstance(sampler, DistributedSampler):
+            seed = sampler.seed
+            shuffle = sampler.shuffle if self._user_shuffle is None else self._user_shuffle
+        else:
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            shuffle = isinstance(sampler, RandomSampler)
+        if self._plan is None:
+            self._plan = self._resolve_plan(loader.batch_size)
+        epoch_sampler = EpochPermutation(len(loader.dataset), shuffle=shuffle, seed=seed)
+        self.sampler = GlobalBatchSampler(
+            epoch_sampler, self._plan, rank=self.global_rank, drop_last=loader.drop_last
+        )
+        if type(loader) is not DataLoader:
+            rank_zero_warn(
+                f"HeteroStrategy replaces the training {type(loader).__name__} by a plain DataLoader"
+                " with the same dataset and options."
+            )
+        sliced = DataLoader(
+            loader.dataset,
+            batch_sampler=self.sampler,
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+            generator=loader.generator,
+            prefetch_factor=loader.prefetch_factor,
+            persistent_workers=loader.persistent_workers,
+            pin_memory_device=loader.pin_memory_device,
+        )
+        lengths = [int(row[0]) for row in self.gather_rows([len(self.sampler)])]
+        if len(set(lengths)) != 1:
+            raise RuntimeError(
+                f"Ranks disagree on the number of training steps per epoch ({lengths}); every rank"
+                " must load the same training set."
+            )
+        return sliced
+
+    def _resolve_plan(self, loader_batch_size: int | None) -> list[int]:
+        world_size = self.world_size
+        initial = self._initial_plan
+        total = self._global_batch_size
+        if total is None:
+            if isinstance(initial, list):
+                total = sum(initial)
+            elif loader_batch_size is None:
+                raise ValueError("Set `global_batch_size` or the training DataLoader's `batch_size`.")
+            else:
+                total = loader_batch_size * world_size
+        limits = BatchLimits.build(world_size, total, self._min_batch_size, self._max_batch_size)
+        self._limits = limits
+        lower, upper = limits.min_batch_size, limits.max_batch_size
+        if self._restored_plan is not None:
+            restored = self._restored_plan
+            if len(restored) == world_size and sum(restored) == total:
+                return check_plan(restored, world_size, total, lower, upper)
+            rank_zero_warn(
+                f"The checkpoint's plan {restored} does not fit {world_size} ranks and a global batch"
+                f" of {total}; starting again from batch_sizes={initial!r}."
+            )
+        if isinstance(initial, list):
+            return check_plan(initial, world_size, total, lower, upper)
+        if initial == "uniform":
+            return proportional_split([1.0] * world_size, total, lower, upper)
+        assert self._capacities is not None
+        return proportional_split(self._capacities, total, lower, upper)
+
+    # ---------------------------------------------------------------- plan changes
+    def apply_plan(self, batch_sizes: Sequence[int], from_step: int | None = None) -> None:
+        """Switch every rank to ``batch_sizes`` from training step ``from_step`` of this epoch.
+
+        Must be called on every rank with the same arguments. ``None`` means from the next
+        epoch; the step must not have been drawn by any rank's loader yet.
+        """
+        assert self._limits is not None and self.sampler is not None
+        limits = self._limits
+        plan = check_plan(
+            batch_sizes, self.world_size, limits.global_batch_size, limits.min_batch_size,
+            limits.max_batch_size,
+        )
+        self.sampler.set_plan(plan, from_step)
+        self._plan = plan
+
+    def restore_plan(self, batch_sizes: Sequence[int]) -> None:
+        """Start (or continue) from ``batch_sizes``, e.g. a plan saved in a checkpoint."""
+        self._restored_plan = [int(b) for b in batch_sizes]
+        self._plan = None
+        self.sampler = None
+
+    def gather_rows(self, values: Sequence[float]) -> list[list[float]]:
+        """All-gather one row of floats per rank; returns the rows in rank order."""
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.root_device)
+        if not torch.distributed.is_initialized() or self.world_size == 1:
+            return [tensor.tolist()]
+        rows = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        torch.distributed.all_gather(rows, tensor)
+        return [row.cpu().tolist() for row in rows]
+
+    # ---------------------------------------------------------------- step
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        if self.sampler is None or self._hook_state is None:
+            return
+        step = min(batch_idx, len(self.sampler) - 1)
+        _, sizes = self.sampler.layout(step)
+        local = sizes[self.global_rank]
+        self._hook_state.weight = local / sum(sizes)
+        if sizes == self.sampler.plan_at(step):
+            self._timer.start(local)  # irregular tail steps would restart the smoothing
+
+    @override
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        super().post_backward(closure_loss)
+        self._timer.backward_done()
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register(
+            cls.strategy_name,
+            cls,
+            description="DDP with per-rank batch sizes that follow each rank's speed",
+        )
+
