@@ -1,0 +1,91 @@
+import csv
+
+import pytest
+
+from lightning_hetero.planning import HETEROGENEITY_LEVELS, proportional_split
+from tests.e2e.launch import run_training
+
+HL4 = HETEROGENEITY_LEVELS["HL4"]
+# 36 ms per sample on a 1-core worker: the emulated cost dwarfs the real compute.
+HL4_COST = [0.036 / cores for cores in HL4]
+GLOBAL_BATCH = 4 * 32
+
+
+@pytest.fixture(scope="module")
+def hl4_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hl4")
+    summary = run_training(
+        tmp,
+        strategy="hetero",
+        workers=4,
+        sample_cost=HL4_COST,
+        epochs=3,
+        log_dir=str(tmp / "logs"),
+        checkpoint_dir=str(tmp / "ckpt"),
+        validate=False,
+    )
+    return tmp, summary
+
+
+def test_plan_moves_within_20_percent_of_the_speed_proportional_split_in_3_epochs(hl4_run):
+    _, summary = hl4_run
+    ideal = proportional_split(HL4, GLOBAL_BATCH)
+    plan = summary["batch_sizes"]
+    assert sum(plan) == GLOBAL_BATCH
+    for got, want in zip(plan, ideal):
+        assert abs(got - want) <= 0.2 * want, (plan, ideal)
+    history = summary["history"]
+    assert [entry["epoch"] for entry in history] == [0, 1, 2]
+    assert history[0]["batch_sizes"] == [32, 32, 32, 32] and history[0]["changed"]
+    assert history[0]["balance"] < 0.8 < history[-1]["balance"]
+
+
+def test_slow_ranks_wait_less_after_rebalancing(hl4_run):
+    _, summary = hl4_run
+    first, last = summary["history"][0], summary["history"][-1]
+    # under the uniform plan the fast rank 3 waits for rank 2; afterwards far less
+    assert first["wait_times"][3] > 2 * last["wait_times"][3]
+
+
+def test_controller_metrics_reach_csv_and_tensorboard(hl4_run):
+    tmp, _ = hl4_run
+    with open(tmp / "logs" / "hetero" / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    columns = set(rows[0])
+    for rank in range(4):
+        for name in ("batch_size", "compute_time", "wait_time", "throughput"):
+            assert f"hetero/{name}/rank{rank}" in columns
+    assert {"hetero/balance", "hetero/adjustments"} <= columns
+    logged = [r for r in rows if r["hetero/batch_size/rank3"]]
+    assert [float(r["hetero/batch_size/rank3"]) for r in logged][0] == 32.0
+    assert len(logged) == 3
+    tensorboard_files = list((tmp / "logs" / "hetero" / "tensorboard").glob("events.out.tfevents.*"))
+    assert tensorboard_files
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tensorboard_files[0].parent)).Reload()
+    assert "hetero/batch_size/rank2" in events.Tags()["scalars"]
+
+
+def test_resume_from_checkpoint_keeps_the_learned_plan(hl4_run, tmp_path):
+    tmp, first = hl4_run
+    resumed = run_training(
+        tmp_path,
+        strategy="hetero",
+        workers=4,
+        sample_cost=HL4_COST,
+        epochs=4,
+        resume_from=str(tmp / "ckpt" / "last.ckpt"),
+        controller="static",
+        validate=False,
+    )
+    history = resumed["history"]
+    assert len(history) == 4
+    assert history[:3] == first["history"]
+    assert history[3]["batch_sizes"] == first["batch_sizes"]
+
+
+def test_boring_model_trains_unchanged_with_hetero_strategy(tmp_path):
+    summary = run_training(tmp_path, strategy="hetero", workers=2, model="boring", epochs=2, validate=False)
+    assert len(summary["history"]) == 2
+    assert sum(summary["batch_sizes"]) == 2  # BoringDataModule loads batches of 1 per rank

@@ -1,0 +1,148 @@
+import itertools
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hetero.planning import PlanError
+from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
+
+
+def make_samplers(num_samples, plan, shuffle=True, drop_last=False, seed=3):
+    return [
+        GlobalBatchSampler(EpochPermutation(num_samples, shuffle, seed), plan, rank, drop_last)
+        for rank in range(len(plan))
+    ]
+
+
+def epoch_batches(samplers, epoch=0):
+    for sampler in samplers:
+        sampler.sampler.set_epoch(epoch)
+    return [list(sampler) for sampler in samplers]
+
+
+@pytest.mark.parametrize("num_samples", [60, 61, 63, 64, 100, 127])
+@pytest.mark.parametrize("plan", [[4, 4, 4, 4], [2, 3, 5, 6], [1, 1, 1, 13], [7, 9]])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_sample_used_once_per_epoch_with_equal_step_counts(num_samples, plan, drop_last):
+    samplers = make_samplers(num_samples, plan, drop_last=drop_last)
+    batches = epoch_batches(samplers)
+    steps = {len(b) for b in batches}
+    assert len(steps) == 1 and steps == {len(samplers[0])}
+    used = [i for rank_batches in batches for batch in rank_batches for i in batch]
+    assert len(used) == len(set(used)), "a sample was used twice"
+    total = sum(plan)
+    if drop_last:
+        assert len(used) == (num_samples // total) * total
+    else:
+        assert sorted(used) == list(range(num_samples))
+    assert all(len(batch) >= 1 for rank_batches in batches for batch in rank_batches)
+
+
+def test_full_steps_follow_the_plan_and_tail_is_split_in_proportion():
+    samplers = make_samplers(16 * 3 + 8, [2, 4, 4, 6], shuffle=False)
+    batches = epoch_batches(samplers)
+    for step in range(3):
+        assert [len(b[step]) for b in batches] == [2, 4, 4, 6]
+    assert [len(b[3]) for b in batches] == [1, 2, 2, 3]
+    assert batches[0][0] == [0, 1] and batches[1][0] == [2, 3, 4, 5]
+
+
+def test_fewer_leftovers_than_ranks_go_to_the_largest_batches_of_the_last_step():
+    samplers = make_samplers(16 * 2 + 2, [2, 4, 4, 6], shuffle=False)
+    batches = epoch_batches(samplers)
+    assert len(samplers[0]) == 2
+    assert [len(b[1]) for b in batches] == [2, 5, 4, 7]
+
+
+def test_shuffle_is_shared_across_ranks_and_changes_with_the_epoch():
+    samplers = make_samplers(40, [3, 5, 2])
+    first = epoch_batches(samplers, epoch=0)
+    again = epoch_batches(samplers, epoch=0)
+    second = epoch_batches(samplers, epoch=1)
+    assert first == again
+    assert first != second
+    unshuffled = epoch_batches(make_samplers(40, [3, 5, 2], shuffle=False))
+    assert unshuffled[0][0] == [0, 1, 2]
+
+
+def test_plan_change_mid_epoch_keeps_exact_coverage():
+    plan, new_plan = [4, 4, 4, 4], [2, 3, 3, 8]
+    samplers = make_samplers(100, plan)
+    iterators = [iter(s) for s in samplers]
+    drawn = [[next(it) for _ in range(3)] for it in iterators]
+    for sampler in samplers:
+        sampler.set_plan(new_plan, from_step=3)
+    drawn = [d + list(it) for d, it in zip(drawn, iterators)]
+    assert [len(d[3]) for d in drawn] == new_plan
+    used = [i for rank in drawn for batch in rank for i in batch]
+    assert sorted(used) == list(range(100))
+    assert all(s.batch_sizes == new_plan for s in samplers)
+    # the next epoch starts with the new plan
+    assert [len(b[0]) for b in epoch_batches(samplers, 1)] == new_plan
+
+
+def test_plan_scheduled_past_the_epoch_end_starts_with_the_next_epoch():
+    samplers = make_samplers(48, [4, 4, 4])
+    first = epoch_batches(samplers)
+    for sampler in samplers:
+        sampler.set_plan([2, 4, 6], from_step=len(sampler))
+    assert [len(b[-1]) for b in first] == [4, 4, 4]
+    assert [len(b[0]) for b in epoch_batches(samplers, 1)] == [2, 4, 6]
+
+
+def test_changing_a_step_already_drawn_is_refused():
+    (sampler,) = make_samplers(40, [8])
+    iterator = iter(sampler)
+    next(iterator), next(iterator)
+    with pytest.raises(ValueError, match="already drawn"):
+        sampler.set_plan([8], from_step=1)
+
+
+def test_plans_with_the_wrong_sum_or_length_are_refused():
+    (sampler, _) = make_samplers(40, [4, 4])
+    with pytest.raises(PlanError, match="sums to"):
+        sampler.set_plan([4, 5])
+    with pytest.raises(PlanError, match="entries"):
+        sampler.set_plan([8])
+    with pytest.raises(PlanError, match="positive"):
+        sampler.set_plan([0, 8])
+
+
+def test_dataset_smaller_than_one_global_batch_is_refused():
+    with pytest.raises(PlanError, match="fewer than one global batch"):
+        make_samplers(10, [4, 8])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_coverage_holds_through_dataloader_workers_across_epochs(persistent):
+    data = TensorDataset(torch.arange(90))
+    plan = [5, 7, 11]
+    samplers = make_samplers(len(data), plan)
+    loaders = [
+        DataLoader(data, batch_sampler=s, num_workers=2, persistent_workers=persistent, prefetch_factor=2)
+        for s in samplers
+    ]
+    for epoch in range(2):
+        for s in samplers:
+            s.sampler.set_epoch(epoch)
+        seen = [torch.cat([batch[0] for batch in loader]).tolist() for loader in loaders]
+        flat = list(itertools.chain.from_iterable(seen))
+        assert sorted(flat) == list(range(90))
+
+
+def test_plan_change_while_workers_prefetch_keeps_coverage():
+    data = TensorDataset(torch.arange(200))
+    samplers = make_samplers(len(data), [5, 5, 10])
+    loaders = [DataLoader(data, batch_sampler=s, num_workers=2, prefetch_factor=2) for s in samplers]
+    iterators = [iter(loader) for loader in loaders]
+    seen = [[next(it)[0] for _ in range(2)] for it in iterators]
+    first_free = max(s.cursor for s in samplers)
+    assert first_free > 2  # the workers have prefetched
+    for s in samplers:
+        s.set_plan([2, 6, 12], from_step=first_free)
+    for rank, it in enumerate(iterators):
+        seen[rank].extend(batch[0] for batch in it)
+    flat = torch.cat([torch.cat(batches) for batches in seen]).tolist()
+    assert sorted(flat) == list(range(200))
+    assert [len(seen[k][-1]) for k in range(3)] == [2, 6, 12]
