@@ -1,6 +1,7 @@
 """HeteroCallback: measures, re-plans at boundaries, logs, checkpoints the controller."""
 
 import math
+import time
 import warnings
 from typing import Any
 
@@ -59,7 +60,8 @@ class HeteroCallback(Callback):
         strategy = trainer.strategy
         if not isinstance(strategy, HeteroStrategy):
             raise TypeError(
-                f"HeteroCallback needs Trainer(strategy=HeteroStrategy(...)), got {type(strategy).__name__}."
+                "HeteroCallback needs Trainer(strategy=HeteroStrategy(...)),"
+                f" got {type(strategy).__name__}."
             )
         return strategy
 
@@ -85,7 +87,12 @@ class HeteroCallback(Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: "pl.Trainer",
+        pl_module: "pl.LightningModule",
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
     ) -> None:
         strategy = self._strategy(trainer)
         for batch_size, compute_s, wait_s in strategy._timer.collect():
@@ -107,6 +114,7 @@ class HeteroCallback(Callback):
         sampler = strategy.sampler
         if sampler is None or strategy.limits is None:
             return
+        started = time.perf_counter()
         s = self._smoother
         rows = strategy.gather_rows([s.batch_size, s.compute_s, s.wait_s, s.steps, sampler.cursor])
         measured = [int(row[0]) for row in rows]
@@ -124,7 +132,13 @@ class HeteroCallback(Callback):
             "balance": float("nan"),
             "changed": False,
         }
-        if measured != plan or any(row[3] < 1 for row in rows):
+        no_timings = [rank for rank, row in enumerate(rows) if row[3] < 1]
+        if no_timings:
+            rank_zero_warn(
+                f"hetero: ranks {no_timings} have no finite step timings since the last change;"
+                f" keeping the plan {plan}."
+            )
+        elif measured != plan:
             rank_zero_info(
                 "hetero: no timings at the current plan yet (the last change has not reached every"
                 " rank's loader); keeping the plan until the next boundary."
@@ -146,6 +160,7 @@ class HeteroCallback(Callback):
                 self._adjustments += 1
                 entry["changed"] = True
         entry["next_batch_sizes"] = strategy.batch_sizes
+        entry["boundary_s"] = time.perf_counter() - started
         strategy.history.append(entry)
         self._log(trainer, entry)
 

@@ -74,7 +74,9 @@ class Throttle(Callback):
         self._batch_size = extract_batch_size(batch)
 
     @override
-    def on_before_backward(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Any) -> None:
+    def on_before_backward(
+        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Any
+    ) -> None:
         delay = self.cost(trainer.global_rank, trainer.current_epoch) * self._batch_size
         if delay > 0:
             time.sleep(delay)

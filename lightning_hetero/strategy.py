@@ -42,7 +42,12 @@ __all__ = ["HeteroStrategy"]
 
 _MODES = ("bsp", "async", "local")
 _INITIAL_PLANS = ("uniform", "cores", "flops")
-_FORBIDDEN_DDP_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+_FORBIDDEN_DDP_OPTIONS = (
+    "ddp_comm_state",
+    "ddp_comm_hook",
+    "ddp_comm_wrapper",
+    "model_averaging_period",
+)
 
 
 class HeteroStrategy(DDPStrategy):
@@ -115,7 +120,11 @@ class HeteroStrategy(DDPStrategy):
                 f"HeteroStrategy installs its own weighted communication hook; {forbidden}"
                 " cannot be combined with it."
             )
-        if isinstance(min_batch_size, bool) or not isinstance(min_batch_size, int) or min_batch_size < 1:
+        if (
+            isinstance(min_batch_size, bool)
+            or not isinstance(min_batch_size, int)
+            or min_batch_size < 1
+        ):
             raise ValueError(f"`min_batch_size` must be an integer >= 1, got {min_batch_size!r}.")
         if max_batch_size is not None and max_batch_size < min_batch_size:
             raise ValueError(
@@ -129,7 +138,9 @@ class HeteroStrategy(DDPStrategy):
         if adjust_every != "epoch" and (
             isinstance(adjust_every, bool) or not isinstance(adjust_every, int) or adjust_every < 1
         ):
-            raise ValueError(f"`adjust_every` must be 'epoch' or an integer >= 1, got {adjust_every!r}.")
+            raise ValueError(
+                f"`adjust_every` must be 'epoch' or an integer >= 1, got {adjust_every!r}."
+            )
         if global_batch_size is not None and global_batch_size < 1:
             raise ValueError(f"`global_batch_size` must be >= 1, got {global_batch_size}.")
         if isinstance(batch_sizes, str):
@@ -145,13 +156,18 @@ class HeteroStrategy(DDPStrategy):
                     f"The plan {batch_sizes} sums to {sum(batch_sizes)}, not `global_batch_size`"
                     f" {global_batch_size}."
                 )
-            check_plan(batch_sizes, len(batch_sizes), lower=[min_batch_size] * len(batch_sizes),
-                       upper=None if max_batch_size is None else [max_batch_size] * len(batch_sizes))
+            check_plan(
+                batch_sizes,
+                len(batch_sizes),
+                lower=[min_batch_size] * len(batch_sizes),
+                upper=None if max_batch_size is None else [max_batch_size] * len(batch_sizes),
+            )
         if isinstance(controller, str):
             controller = make_controller(controller, deadband=deadband)
         elif not isinstance(controller, Controller):
             raise TypeError(
-                f"`controller` must be a name or a Controller instance, got {type(controller).__name__}."
+                "`controller` must be a name or a Controller instance,"
+                f" got {type(controller).__name__}."
             )
         super().__init__(
             accelerator=accelerator,
@@ -249,7 +265,9 @@ class HeteroStrategy(DDPStrategy):
         if getattr(prepare, "_hetero_wrapped", False):
             return
 
-        def prepare_and_note_shuffle(dataloader: object, shuffle: bool, mode: RunningStage) -> object:
+        def prepare_and_note_shuffle(
+            dataloader: object, shuffle: bool, mode: RunningStage
+        ) -> object:
             if mode == RunningStage.TRAINING:
                 self._user_shuffle = _is_dataloader_shuffled(dataloader)
             return prepare(dataloader, shuffle=shuffle, mode=mode)
@@ -262,7 +280,10 @@ class HeteroStrategy(DDPStrategy):
         # DDPStrategy registers hooks on CUDA only; ours must run on every device.
         assert isinstance(self.model, DistributedDataParallel)
         self._hook_state = WeightedHookState(
-            process_group=None, world_size=self.world_size, timer=self._timer, weighted=self.weighted
+            process_group=None,
+            world_size=self.world_size,
+            timer=self._timer,
+            weighted=self.weighted,
         )
         self.model.register_comm_hook(self._hook_state, weighted_allreduce_hook)
 
@@ -313,7 +334,8 @@ class HeteroStrategy(DDPStrategy):
         )
         if type(loader) is not DataLoader:
             rank_zero_warn(
-                f"HeteroStrategy replaces the training {type(loader).__name__} by a plain DataLoader"
+                f"HeteroStrategy replaces the training {type(loader).__name__} by a plain"
+                " DataLoader"
                 " with the same dataset and options."
             )
         sliced = DataLoader(
@@ -346,7 +368,9 @@ class HeteroStrategy(DDPStrategy):
             if isinstance(initial, list):
                 total = sum(initial)
             elif loader_batch_size is None:
-                raise ValueError("Set `global_batch_size` or the training DataLoader's `batch_size`.")
+                raise ValueError(
+                    "Set `global_batch_size` or the training DataLoader's `batch_size`."
+                )
             else:
                 total = loader_batch_size * world_size
         limits = BatchLimits.build(world_size, total, self._min_batch_size, self._max_batch_size)
@@ -357,8 +381,8 @@ class HeteroStrategy(DDPStrategy):
             if len(restored) == world_size and sum(restored) == total:
                 return check_plan(restored, world_size, total, lower, upper)
             rank_zero_warn(
-                f"The checkpoint's plan {restored} does not fit {world_size} ranks and a global batch"
-                f" of {total}; starting again from batch_sizes={initial!r}."
+                f"The checkpoint's plan {restored} does not fit {world_size} ranks and a global"
+                f" batch of {total}; starting again from batch_sizes={initial!r}."
             )
         if isinstance(initial, list):
             return check_plan(initial, world_size, total, lower, upper)
@@ -377,7 +401,10 @@ class HeteroStrategy(DDPStrategy):
         assert self._limits is not None and self.sampler is not None
         limits = self._limits
         plan = check_plan(
-            batch_sizes, self.world_size, limits.global_batch_size, limits.min_batch_size,
+            batch_sizes,
+            self.world_size,
+            limits.global_batch_size,
+            limits.min_batch_size,
             limits.max_batch_size,
         )
         self.sampler.set_plan(plan, from_step)
@@ -391,7 +418,9 @@ class HeteroStrategy(DDPStrategy):
 
     def gather_rows(self, values: Sequence[float]) -> list[list[float]]:
         """All-gather one row of floats per rank; returns the rows in rank order."""
-        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.root_device)
+        tensor = torch.tensor(
+            [float(v) for v in values], dtype=torch.float64, device=self.root_device
+        )
         if not torch.distributed.is_initialized() or self.world_size == 1:
             return [tensor.tolist()]
         rows = [torch.empty_like(tensor) for _ in range(self.world_size)]
@@ -424,4 +453,3 @@ class HeteroStrategy(DDPStrategy):
             cls,
             description="DDP with per-rank batch sizes that follow each rank's speed",
         )
-

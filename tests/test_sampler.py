@@ -120,7 +120,9 @@ def test_coverage_holds_through_dataloader_workers_across_epochs(persistent):
     plan = [5, 7, 11]
     samplers = make_samplers(len(data), plan)
     loaders = [
-        DataLoader(data, batch_sampler=s, num_workers=2, persistent_workers=persistent, prefetch_factor=2)
+        DataLoader(
+            data, batch_sampler=s, num_workers=2, persistent_workers=persistent, prefetch_factor=2
+        )
         for s in samplers
     ]
     for epoch in range(2):
@@ -134,7 +136,9 @@ def test_coverage_holds_through_dataloader_workers_across_epochs(persistent):
 def test_plan_change_while_workers_prefetch_keeps_coverage():
     data = TensorDataset(torch.arange(200))
     samplers = make_samplers(len(data), [5, 5, 10])
-    loaders = [DataLoader(data, batch_sampler=s, num_workers=2, prefetch_factor=2) for s in samplers]
+    loaders = [
+        DataLoader(data, batch_sampler=s, num_workers=2, prefetch_factor=2) for s in samplers
+    ]
     iterators = [iter(loader) for loader in loaders]
     seen = [[next(it)[0] for _ in range(2)] for it in iterators]
     first_free = max(s.cursor for s in samplers)

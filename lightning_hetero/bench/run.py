@@ -71,7 +71,9 @@ def _model_and_data(config: RunConfig) -> tuple[pl.LightningModule, pl.Lightning
         return BoringModel(), BoringDataModule()
     from lightning_hetero.bench.workload import DigitsCNN, DigitsDataModule
 
-    return DigitsCNN(lr=config.lr), DigitsDataModule(config.batch_size, config.num_workers, config.seed)
+    return DigitsCNN(lr=config.lr), DigitsDataModule(
+        config.batch_size, config.num_workers, config.seed
+    )
 
 
 def run(config: RunConfig) -> dict[str, Any]:
@@ -102,7 +104,9 @@ def run(config: RunConfig) -> dict[str, Any]:
             cost = {int(epoch): costs for epoch, costs in cost.items()}
         callbacks.append(Throttle(cost))
     if config.checkpoint_dir:
-        callbacks.append(ModelCheckpoint(dirpath=config.checkpoint_dir, save_last=True, save_top_k=0))
+        callbacks.append(
+            ModelCheckpoint(dirpath=config.checkpoint_dir, save_last=True, save_top_k=0)
+        )
     loggers: list[Any] = []
     if config.log_dir:
         loggers = [

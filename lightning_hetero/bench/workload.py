@@ -15,12 +15,16 @@ from torch.utils.data import DataLoader, TensorDataset
 __all__ = ["DigitsCNN", "DigitsDataModule", "load_digits_tensors"]
 
 
-def load_digits_tensors(seed: int = 0, test_fraction: float = 0.2) -> tuple[TensorDataset, TensorDataset]:
+def load_digits_tensors(
+    seed: int = 0, test_fraction: float = 0.2
+) -> tuple[TensorDataset, TensorDataset]:
     """Digits as ``(train, test)`` TensorDatasets of ``1x8x8`` images in ``[0, 1]``."""
     try:
         from sklearn.datasets import load_digits
     except ImportError as err:  # pragma: no cover - dev extra missing
-        raise ImportError("The digits workload needs scikit-learn: pip install 'lightning_hetero[dev]'") from err
+        raise ImportError(
+            "The digits workload needs scikit-learn: pip install 'lightning_hetero[dev]'"
+        ) from err
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(digits.target, dtype=torch.long)
@@ -90,7 +94,12 @@ class DigitsCNN(pl.LightningModule):
         images, labels = batch
         logits = self(images)
         self.val_acc(logits, labels)
-        self.log("val_loss", nn.functional.cross_entropy(logits, labels), sync_dist=True, batch_size=len(labels))
+        self.log(
+            "val_loss",
+            nn.functional.cross_entropy(logits, labels),
+            sync_dist=True,
+            batch_size=len(labels),
+        )
         self.log("val_acc", self.val_acc, batch_size=len(labels))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

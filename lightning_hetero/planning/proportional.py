@@ -72,7 +72,9 @@ class ProportionalController(Controller):
         upper = self._upper_bounds(current, throughput, limits)
         self.last_batch_sizes, self.last_throughput = current, throughput
 
-        target = proportional_split(throughput, limits.global_batch_size, limits.min_batch_size, upper)
+        target = proportional_split(
+            throughput, limits.global_batch_size, limits.min_batch_size, upper
+        )
         out_of_bounds = any(
             not lo <= b <= hi for b, lo, hi in zip(current, limits.min_batch_size, upper)
         )

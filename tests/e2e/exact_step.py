@@ -16,7 +16,9 @@ PLAN = [2, 3, 5]
 
 def dataset() -> TensorDataset:
     generator = torch.Generator().manual_seed(1)
-    return TensorDataset(torch.randn(10, 5, generator=generator), torch.randn(10, 1, generator=generator))
+    return TensorDataset(
+        torch.randn(10, 5, generator=generator), torch.randn(10, 1, generator=generator)
+    )
 
 
 def initial_layer() -> torch.nn.Linear:

@@ -16,7 +16,9 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         [sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=HERE
     )
     if proc.returncode != 0:
-        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 

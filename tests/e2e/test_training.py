@@ -59,7 +59,9 @@ def test_controller_metrics_reach_csv_and_tensorboard(hl4_run):
     logged = [r for r in rows if r["hetero/batch_size/rank3"]]
     assert [float(r["hetero/batch_size/rank3"]) for r in logged][0] == 32.0
     assert len(logged) == 3
-    tensorboard_files = list((tmp / "logs" / "hetero" / "tensorboard").glob("events.out.tfevents.*"))
+    tensorboard_files = list(
+        (tmp / "logs" / "hetero" / "tensorboard").glob("events.out.tfevents.*")
+    )
     assert tensorboard_files
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -86,6 +88,8 @@ def test_resume_from_checkpoint_keeps_the_learned_plan(hl4_run, tmp_path):
 
 
 def test_boring_model_trains_unchanged_with_hetero_strategy(tmp_path):
-    summary = run_training(tmp_path, strategy="hetero", workers=2, model="boring", epochs=2, validate=False)
+    summary = run_training(
+        tmp_path, strategy="hetero", workers=2, model="boring", epochs=2, validate=False
+    )
     assert len(summary["history"]) == 2
     assert sum(summary["batch_sizes"]) == 2  # BoringDataModule loads batches of 1 per rank

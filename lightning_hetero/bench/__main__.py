@@ -1,0 +1,166 @@
+"""Benchmark: plain uniform DDP against HeteroStrategy on emulated heterogeneous clusters.
+
+    python -m lightning_hetero.bench                      # HL1, HL2, HL4, HL8; 3 repeats
+    python -m lightning_hetero.bench --levels HL4 --repeats 1 --epochs 5
+
+Every repeat runs both strategies back to back (alternating which goes first) on the
+same emulated cluster: 4 gloo ranks on this machine, each slowed by
+:class:`~lightning_hetero.emulate.Throttle` in proportion to the CPU cores of
+OmniLearn's Table I. Ratios are taken within a repeat; the report gives their
+minimum, median and maximum over repeats.
+"""
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from lightning_hetero.planning import HETEROGENEITY_LEVELS
+
+#: Columns of the report, with how each is printed.
+COLUMNS = {
+    "speedup": "epoch-time speedup hetero vs DDP",
+    "ideal": "ideal speedup sum(X)/(K min X), nominal speeds",
+    "fraction": "speedup / nominal ideal",
+    "fraction_measured": "speedup / ideal from measured speeds",
+    "balance": "balance efficiency E at the last boundary",
+    "adjustments_to_095": "adjustments until E >= 0.95",
+    "hl1_slowdown": "hetero epoch time / DDP epoch time - 1",
+    "overhead": "boundary (gather + controller) time per step / step time",
+}
+
+
+def _steady(epoch_s: list[float], skip: int) -> float:
+    return statistics.median(epoch_s[skip:])
+
+
+def _launch(config: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    import os
+    import subprocess
+    import sys
+
+    result = workdir / "result.json"
+    result.unlink(missing_ok=True)
+    config = {**config, "result": str(result)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_hetero.bench.run", json.dumps(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=workdir,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"run {config} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(result.read_text())
+
+
+def measure(
+    levels: list[str], repeats: int, epochs: int, base_cost: float, workdir: Path
+) -> dict[str, Any]:
+    """Run every level ``repeats`` times with both strategies; returns raw runs and ratios."""
+    raw: dict[str, list[dict[str, Any]]] = {}
+    total = len(levels) * repeats * 2
+    with tqdm(total=total, desc="benchmark runs", unit="run") as progress:
+        for level in levels:
+            cores = HETEROGENEITY_LEVELS[level]
+            cost = [base_cost / c for c in cores]
+            common = {"workers": 4, "sample_cost": cost, "epochs": epochs, "validate": False}
+            raw[level] = []
+            for repeat in range(repeats):
+                pair: dict[str, Any] = {}
+                order = ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp")
+                for name in order:
+                    progress.set_postfix_str(f"{level} {name} #{repeat + 1}")
+                    pair[name] = _launch({**common, "strategy": name, "seed": repeat}, workdir)
+                    progress.update()
+                raw[level].append(pair)
+    return raw
+
+
+def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
+    """The report's figures for one repeat of one level."""
+    cores = HETEROGENEITY_LEVELS[level]
+    ddp, hetero = pair["ddp"], pair["hetero"]
+    ddp_epoch, hetero_epoch = _steady(ddp["epoch_s"], 1), _steady(hetero["epoch_s"], skip)
+    speedup = ddp_epoch / hetero_epoch
+    ideal = sum(cores) / (len(cores) * min(cores))
+    history = hetero["history"]
+    first = history[0]
+    measured_x = [b / t for b, t in zip(first["batch_sizes"], first["compute_times"])]
+    ideal_measured = sum(measured_x) / (len(measured_x) * min(measured_x))
+    changes, to_095 = 0, float("nan")
+    for entry in history:
+        if entry["balance"] >= 0.95:
+            to_095 = float(changes)
+            break
+        changes += entry["changed"]
+    boundary_s = statistics.median(e["boundary_s"] for e in history)
+    return {
+        "speedup": speedup,
+        "ideal": ideal,
+        "fraction": speedup / ideal,
+        "fraction_measured": speedup / ideal_measured,
+        "balance": history[-1]["balance"],
+        "adjustments_to_095": to_095,
+        "hl1_slowdown": hetero_epoch / ddp_epoch - 1.0,
+        # one boundary per epoch: its cost spread over the epoch's steps, relative to a step
+        "overhead": boundary_s / hetero_epoch,
+    }
+
+
+def report(raw: dict[str, Any], skip: int) -> str:
+    """A Markdown table: min / median / max of each figure over repeats."""
+    lines = [
+        "| level | " + " | ".join(COLUMNS) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
+    for level, pairs in raw.items():
+        figures = [ratios(level, pair, skip) for pair in pairs]
+        cells = []
+        for key in COLUMNS:
+            values = sorted(f[key] for f in figures)
+            cells.append(f"{values[0]:.3g} / {statistics.median(values):.3g} / {values[-1]:.3g}")
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    legend = "\n".join(f"- `{key}`: {text}" for key, text in COLUMNS.items())
+    return "\n".join(lines) + "\n\nEach cell: min / median / max over repeats.\n" + legend + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_hetero.bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--levels",
+        nargs="+",
+        default=list(HETEROGENEITY_LEVELS),
+        choices=list(HETEROGENEITY_LEVELS),
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument(
+        "--base-cost",
+        type=float,
+        default=0.048,
+        help="emulated seconds per sample on a 1-core worker",
+    )
+    parser.add_argument(
+        "--skip", type=int, default=2, help="hetero epochs left out of the steady state"
+    )
+    parser.add_argument("--json", type=Path, help="also write the raw runs here")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.epochs <= args.skip:
+        parser.error("need --repeats >= 1 and --epochs > --skip")
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = measure(args.levels, args.repeats, args.epochs, args.base_cost, Path(tmp))
+    if args.json:
+        args.json.write_text(json.dumps(raw, indent=1))
+    print(report(raw, args.skip))
+
+
+if __name__ == "__main__":
+    main()

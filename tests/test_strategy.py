@@ -1,0 +1,223 @@
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
+
+from lightning_hetero import HeteroCallback, HeteroStrategy
+from lightning_hetero.planning import PlanError, ProportionalController, StaticController
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_batch_size": 8, "max_batch_size": 4}, "must not exceed"),
+        ({"min_batch_size": 0}, "min_batch_size"),
+        ({"deadband": 1.0}, "deadband"),
+        ({"deadband": -0.1}, "deadband"),
+        ({"smoothing": 1.0}, "smoothing"),
+        ({"mode": "bogus"}, "Unknown mode"),
+        ({"controller": "bogus"}, "Unknown controller"),
+        ({"batch_sizes": "bogus"}, "Unknown initial plan"),
+        ({"batch_sizes": [4, 0, 4]}, "positive"),
+        ({"batch_sizes": [4, 4], "global_batch_size": 9}, "sums to 8"),
+        ({"batch_sizes": [4, 12], "max_batch_size": 8}, "above its maximum"),
+        ({"adjust_every": 0}, "adjust_every"),
+        ({"adjust_every": "weekly"}, "adjust_every"),
+        ({"global_batch_size": 0}, "global_batch_size"),
+        ({"ddp_comm_hook": lambda state, bucket: None}, "communication hook"),
+    ],
+)
+def test_bad_options_fail_at_construction_with_a_clear_message(kwargs, message):
+    with pytest.raises((ValueError, PlanError), match=message):
+        HeteroStrategy(**kwargs)
+
+
+@pytest.mark.parametrize("mode", ["async", "local"])
+def test_modes_not_built_yet_say_so(mode):
+    with pytest.raises(NotImplementedError, match="mode='bsp'"):
+        HeteroStrategy(mode=mode)
+
+
+def test_controller_by_name_gets_the_deadband_and_objects_are_kept():
+    strategy = HeteroStrategy(deadband=0.2)
+    assert isinstance(strategy.controller, ProportionalController)
+    assert strategy.controller.deadband == 0.2
+    mine = StaticController()
+    assert HeteroStrategy(controller=mine).controller is mine
+
+
+def test_registered_name_builds_the_strategy():
+    trainer = pl.Trainer(strategy="hetero", accelerator="cpu", devices=2, logger=False)
+    assert isinstance(trainer.strategy, HeteroStrategy)
+    assert trainer.strategy.batch_sizes == []
+
+
+def test_explicit_plan_is_the_current_plan_before_training():
+    assert HeteroStrategy(batch_sizes=[3, 5]).batch_sizes == [3, 5]
+
+
+def _cli(args):
+    return LightningCLI(BoringModel, run=False, args=args, save_config_kwargs={"overwrite": True})
+
+
+def test_cli_registered_name_and_class_path_with_options(tmp_path):
+    cli = _cli(["--trainer.strategy=hetero", "--trainer.accelerator=cpu", "--trainer.devices=1"])
+    assert isinstance(cli.trainer.strategy, HeteroStrategy)
+    cli = _cli(
+        [
+            "--trainer.strategy=lightning_hetero.HeteroStrategy",
+            "--trainer.strategy.deadband=0.1",
+            "--trainer.strategy.batch_sizes=[3, 5]",
+            "--trainer.strategy.adjust_every=10",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+        ]
+    )
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy, HeteroStrategy)
+    assert strategy.controller.deadband == 0.1
+    assert strategy.batch_sizes == [3, 5]
+    assert strategy.adjust_every == 10
+
+
+def test_cli_yaml_class_path_and_init_args(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "trainer:\n"
+        "  accelerator: cpu\n"
+        "  devices: 1\n"
+        "  strategy:\n"
+        "    class_path: lightning_hetero.HeteroStrategy\n"
+        "    init_args:\n"
+        "      controller: static\n"
+        "      min_batch_size: 2\n"
+        "      weighted: false\n"
+        "      smoothing: 0.5\n"
+    )
+    strategy = _cli([f"--config={config}"]).trainer.strategy
+    assert isinstance(strategy.controller, StaticController)
+    assert strategy.weighted is False and strategy.smoothing == 0.5
+
+
+# ---------------------------------------------------------------- one-process runs
+class _Model(BoringModel):
+    def __init__(self, loader_fn):
+        super().__init__()
+        self.loader_fn = loader_fn
+
+    def train_dataloader(self):
+        return self.loader_fn()
+
+    def val_dataloader(self):
+        return None
+
+
+def _fit(loader_fn, callbacks=(), **strategy_kwargs):
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=HeteroStrategy(**strategy_kwargs),
+        max_epochs=2,
+        callbacks=list(callbacks),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    model = _Model(loader_fn)
+    trainer.fit(model)
+    return trainer
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        return iter(torch.randn(8, 32))
+
+
+def test_iterable_dataset_is_refused_with_an_explanation():
+    with pytest.raises(TypeError, match="map-style"):
+        _fit(lambda: DataLoader(_Stream(), batch_size=2))
+
+
+def test_user_batch_sampler_is_refused_with_an_explanation():
+    class MyBatches(BatchSampler):
+        pass
+
+    data = RandomDataset(32, 16)
+    with pytest.raises(TypeError, match="batch_sampler"):
+        _fit(lambda: DataLoader(data, batch_sampler=MyBatches(SequentialSampler(data), 4, False)))
+
+
+def test_dataset_smaller_than_one_global_batch_is_refused():
+    with pytest.raises(PlanError, match="fewer than one global batch"):
+        _fit(lambda: DataLoader(RandomDataset(32, 8), batch_size=4), global_batch_size=16)
+
+
+def test_global_batch_outside_the_bounds_is_refused():
+    with pytest.raises(PlanError, match="between the sum"):
+        _fit(
+            lambda: DataLoader(RandomDataset(32, 64), batch_size=4),
+            max_batch_size=8,
+            global_batch_size=16,
+        )
+
+
+class _RecordIndices(pl.Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append(batch.shape[0])
+
+
+class _BadTimings(pl.Callback):
+    def __init__(self, value):
+        self.value = value
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        timer = trainer.strategy._timer
+        timer._records = [(b, self.value, 0.0) for b, _, _ in timer._records]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (float("nan"), "no finite step timings"),
+        (0.0, "not all finite and positive"),
+        (-1.0, "positive"),
+    ],
+)
+def test_bad_timings_keep_the_plan_and_warn_without_skipping_samples(value, message):
+    recorder = _RecordIndices()
+    with pytest.warns(UserWarning, match=message):
+        trainer = _fit(
+            lambda: DataLoader(RandomDataset(32, 40), batch_size=8),
+            callbacks=[_BadTimings(value), recorder],
+        )
+    strategy = trainer.strategy
+    assert [e["changed"] for e in strategy.history] == [False, False]
+    assert strategy.batch_sizes == [8]
+    assert recorder.seen == [8] * 10
+
+
+def test_callback_is_attached_once_and_user_instance_is_kept():
+    mine = HeteroCallback(tensorboard_layout=False)
+    trainer = _fit(lambda: DataLoader(RandomDataset(32, 16), batch_size=4), callbacks=[mine])
+    attached = [cb for cb in trainer.callbacks if isinstance(cb, HeteroCallback)]
+    assert attached == [mine]
+
+
+def test_user_shuffle_false_is_honoured():
+    orders = []
+
+    class Record(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            orders.append(batch[:, 0].tolist())
+
+    data = torch.arange(16, dtype=torch.float32).repeat(32, 1).T.contiguous()
+    _fit(lambda: DataLoader(data, batch_size=4, shuffle=False), callbacks=[Record()])
+    flat = [v for batch in orders for v in batch]
+    assert flat == list(range(16)) * 2
