@@ -19,6 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from lightning_hetero.bench.run import launch
 from lightning_hetero.planning import HETEROGENEITY_LEVELS
 
 #: Columns of the report, with how each is printed.
@@ -29,34 +30,12 @@ COLUMNS = {
     "fraction_measured": "speedup / ideal from measured speeds",
     "balance": "balance efficiency E at the last boundary",
     "adjustments_to_095": "adjustments until E >= 0.95",
-    "hl1_slowdown": "hetero epoch time / DDP epoch time - 1",
     "overhead": "boundary (gather + controller) time per step / step time",
 }
 
 
 def _steady(epoch_s: list[float], skip: int) -> float:
     return statistics.median(epoch_s[skip:])
-
-
-def _launch(config: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    import os
-    import subprocess
-    import sys
-
-    result = workdir / "result.json"
-    result.unlink(missing_ok=True)
-    config = {**config, "result": str(result)}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "lightning_hetero.bench.run", json.dumps(config)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=workdir,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"run {config} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(result.read_text())
 
 
 def measure(
@@ -76,7 +55,7 @@ def measure(
                 order = ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp")
                 for name in order:
                     progress.set_postfix_str(f"{level} {name} #{repeat + 1}")
-                    pair[name] = _launch({**common, "strategy": name, "seed": repeat}, workdir)
+                    pair[name] = launch({**common, "strategy": name, "seed": repeat}, workdir)
                     progress.update()
                 raw[level].append(pair)
     return raw
@@ -107,7 +86,6 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
         "fraction_measured": speedup / ideal_measured,
         "balance": history[-1]["balance"],
         "adjustments_to_095": to_095,
-        "hl1_slowdown": hetero_epoch / ddp_epoch - 1.0,
         # one boundary per epoch: its cost spread over the epoch's steps, relative to a step
         "overhead": boundary_s / hetero_epoch,
     }

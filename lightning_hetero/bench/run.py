@@ -9,6 +9,8 @@ a JSON summary to ``result`` when the run ends.
 """
 
 import json
+import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +23,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 
-__all__ = ["EpochTimer", "RunConfig", "run"]
+__all__ = ["EpochTimer", "RunConfig", "launch", "run"]
 
 
 @dataclass
@@ -148,6 +150,27 @@ def run(config: RunConfig) -> dict[str, Any]:
     if trainer.global_rank == 0 and config.result:
         Path(config.result).write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def launch(config: dict[str, Any], workdir: Path, timeout: float | None = None) -> dict[str, Any]:
+    """Run ``config`` as a fresh multi-process job in ``workdir``; returns rank 0's summary."""
+    result = workdir / "result.json"
+    result.unlink(missing_ok=True)
+    config = {**config, "result": str(result)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_hetero.bench.run", json.dumps(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=workdir,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"The run {config} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+        )
+    return json.loads(result.read_text())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,12 @@
 """Helpers that run real multi-process training as a user would: one command, popen launcher."""
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from lightning_hetero.bench.run import launch
 
 HERE = Path(__file__).parent
 
@@ -24,7 +25,6 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def run_training(tmp_path: Path, timeout: float = 300, **config: Any) -> dict[str, Any]:
     """Run ``lightning_hetero.bench.run`` with ``config``; returns rank 0's summary."""
-    result = tmp_path / f"result_{len(list(tmp_path.glob('result_*')))}.json"
-    config = {"result": str(result), **config}
-    run_script("-m", "lightning_hetero.bench.run", json.dumps(config), timeout=timeout)
-    return json.loads(result.read_text())
+    workdir = tmp_path / f"run_{len(list(tmp_path.glob('run_*')))}"
+    workdir.mkdir()
+    return launch(config, workdir, timeout=timeout)
