@@ -1,0 +1,28 @@
+import pytest
+
+from lightning_hetero.emulate import Throttle
+
+
+def test_schedule_uses_the_latest_entry_at_or_before_the_epoch():
+    throttle = Throttle({2: [0.1, 0.2], 5: [0.3, 0.4]})
+    assert throttle.cost(rank=1, epoch=0) == 0.0
+    assert throttle.cost(rank=1, epoch=2) == 0.2
+    assert throttle.cost(rank=0, epoch=4) == 0.1
+    assert throttle.cost(rank=0, epoch=9) == 0.3
+
+
+def test_constant_costs_apply_from_the_first_epoch():
+    assert Throttle([0.5, 0.25]).cost(rank=1, epoch=0) == 0.25
+
+
+@pytest.mark.parametrize(
+    "bad", [[], {}, [-0.1, 0.2], {-1: [0.1]}, {0: [0.1, 0.2], 3: [0.1]}], ids=str
+)
+def test_bad_costs_are_refused(bad):
+    with pytest.raises(ValueError):
+        Throttle(bad)
+
+
+def test_rank_without_a_cost_is_refused():
+    with pytest.raises(ValueError, match="rank 2"):
+        Throttle([0.1, 0.2]).cost(rank=2, epoch=0)

@@ -1,0 +1,42 @@
+import math
+
+import pytest
+import torch
+
+from lightning_hetero import resources
+
+
+def test_cgroup_v2_quota_caps_the_affinity(tmp_path, monkeypatch):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert resources.available_cores(tmp_path) == 1.5
+
+
+def test_cgroup_v2_without_quota_leaves_the_affinity(tmp_path, monkeypatch):
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert resources.available_cores(tmp_path) == 3.0
+
+
+def test_cgroup_v1_quota_is_read(tmp_path, monkeypatch):
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("50000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert resources.available_cores(tmp_path) == 0.5
+
+
+def test_no_cgroup_means_affinity_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    assert resources.available_cores(tmp_path / "missing") == 5.0
+
+
+def test_flops_are_nan_off_cuda_so_every_rank_falls_back_to_cores():
+    assert math.isnan(resources.flops_or_nan(torch.device("cpu")))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
+def test_flops_of_a_real_gpu_are_sm_count_times_clock():
+    flops = resources.gpu_flops(torch.device("cuda", 0))
+    assert flops > torch.cuda.get_device_properties(0).multi_processor_count * 100
