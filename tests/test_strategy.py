@@ -221,3 +221,22 @@ def test_user_shuffle_false_is_honoured():
     _fit(lambda: DataLoader(data, batch_size=4, shuffle=False), callbacks=[Record()])
     flat = [v for batch in orders for v in batch]
     assert flat == list(range(16)) * 2
+
+
+def test_plan_length_different_from_world_size_is_refused():
+    with pytest.raises(PlanError, match="one batch size per rank"):
+        _fit(lambda: DataLoader(RandomDataset(32, 64), batch_size=4), batch_sizes=[4, 4])
+
+
+def test_custom_sampler_is_refused_with_an_explanation():
+    from torch.utils.data import WeightedRandomSampler
+
+    data = RandomDataset(32, 16)
+    sampler = WeightedRandomSampler([1.0] * 16, num_samples=16)
+    with pytest.raises(TypeError, match="custom sampler"):
+        _fit(lambda: DataLoader(data, batch_size=4, sampler=sampler))
+
+
+def test_cores_plan_on_one_rank_is_the_whole_global_batch():
+    trainer = _fit(lambda: DataLoader(RandomDataset(32, 64), batch_size=8), batch_sizes="cores")
+    assert trainer.strategy.batch_sizes == [8]

@@ -149,6 +149,9 @@ def run(config: RunConfig) -> dict[str, Any]:
         summary["history"] = strategy.history
     if trainer.global_rank == 0 and config.result:
         Path(config.result).write_text(json.dumps(summary, indent=1))
+    if torch.distributed.is_initialized():
+        # Leaving gloo's threads to interpreter shutdown can abort a rank after training.
+        torch.distributed.destroy_process_group()
     return summary
 
 

@@ -60,3 +60,4 @@ if __name__ == "__main__":
     trainer.fit(model)
     if trainer.global_rank == 0:
         torch.save(model.layer.state_dict(), out)
+    torch.distributed.destroy_process_group()

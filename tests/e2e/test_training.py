@@ -93,3 +93,24 @@ def test_boring_model_trains_unchanged_with_hetero_strategy(tmp_path):
     )
     assert len(summary["history"]) == 2
     assert sum(summary["batch_sizes"]) == 2  # BoringDataModule loads batches of 1 per rank
+
+
+def test_per_step_adjustment_with_prefetching_workers_converges_mid_epoch(tmp_path):
+    summary = run_training(
+        tmp_path,
+        strategy="hetero",
+        workers=4,
+        sample_cost=HL4_COST,
+        epochs=2,
+        adjust_every=4,
+        num_workers=1,
+        validate=False,
+    )
+    history = summary["history"]
+    steps_per_epoch = 12
+    assert [entry["step"] for entry in history] == [4 * (i + 1) for i in range(len(history))]
+    changed_mid_epoch = [e for e in history if e["changed"] and e["step"] % steps_per_epoch]
+    assert changed_mid_epoch, history
+    ideal = proportional_split(HL4, GLOBAL_BATCH)
+    for got, want in zip(summary["batch_sizes"], ideal):
+        assert abs(got - want) <= 0.2 * want, (summary["batch_sizes"], ideal)
