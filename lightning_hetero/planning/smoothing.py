@@ -47,7 +47,7 @@ class TimingSmoother:
         if not (isfinite(compute_s) and isfinite(wait_s)):
             return
         self.steps += 1
-        if self.steps <= 1:  # the first step is replaced by the second
+        if self.steps <= 2:  # the first step is replaced by the second
             self.compute_s, self.wait_s = compute_s, wait_s
             return
         a = self.smoothing

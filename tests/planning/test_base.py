@@ -1,0 +1,71 @@
+"""Tests for lightning_hetero/planning/base.py: BatchLimits and the Controller interface."""
+
+import dataclasses
+
+import pytest
+
+from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.split import PlanError
+
+
+def test_scalar_bounds_expand_to_one_per_rank() -> None:
+    limits = BatchLimits.build(4, 256, min_batch_size=8, max_batch_size=128)
+    assert limits == BatchLimits(256, [8] * 4, [128] * 4)
+    assert limits.world_size == 4
+
+
+def test_default_bounds_are_one_and_the_global_batch() -> None:
+    limits = BatchLimits.build(3, 30)
+    assert limits.min_batch_size == [1, 1, 1]
+    assert limits.max_batch_size == [30, 30, 30]
+
+
+def test_maximums_above_global_batch_are_clipped_to_it() -> None:
+    assert BatchLimits.build(2, 16, max_batch_size=[100, 10]).max_batch_size == [16, 10]
+
+
+def test_per_rank_bounds_are_kept() -> None:
+    limits = BatchLimits.build(3, 30, min_batch_size=[1, 2, 3], max_batch_size=[10, 11, 12])
+    assert limits.min_batch_size == [1, 2, 3]
+    assert limits.max_batch_size == [10, 11, 12]
+
+
+def test_global_batch_equal_to_sum_of_bounds_is_feasible() -> None:
+    assert BatchLimits.build(4, 32, min_batch_size=8).global_batch_size == 32
+    assert BatchLimits.build(4, 32, max_batch_size=8).global_batch_size == 32
+
+
+def test_min_above_max_raises_plan_error() -> None:
+    with pytest.raises(PlanError, match=r"Rank 0: `min_batch_size` 9 > `max_batch_size` 8"):
+        BatchLimits.build(2, 16, min_batch_size=9, max_batch_size=8)
+
+
+def test_min_below_one_raises_plan_error() -> None:
+    with pytest.raises(PlanError, match=r"Rank 1: `min_batch_size` must be >= 1, got 0"):
+        BatchLimits.build(2, 16, min_batch_size=[1, 0])
+
+
+def test_global_batch_below_k_times_min_raises_plan_error() -> None:
+    with pytest.raises(PlanError, match=r"global batch size 30 .* minimums \(32\)"):
+        BatchLimits.build(4, 30, min_batch_size=8)
+
+
+def test_global_batch_above_k_times_max_raises_plan_error() -> None:
+    with pytest.raises(PlanError, match=r"global batch size 40 .* maximums \(32\)"):
+        BatchLimits.build(4, 40, max_batch_size=8)
+
+
+def test_per_rank_bounds_of_wrong_length_raise_plan_error() -> None:
+    with pytest.raises(PlanError, match="Expected 4 per-rank bounds"):
+        BatchLimits.build(4, 40, min_batch_size=[1, 1])
+
+
+def test_limits_are_immutable() -> None:
+    limits = BatchLimits.build(2, 16)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        limits.global_batch_size = 32  # type: ignore[misc]
+
+
+def test_controller_cannot_be_built_without_update() -> None:
+    with pytest.raises(TypeError):
+        Controller()  # type: ignore[abstract]
