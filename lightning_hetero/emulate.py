@@ -40,7 +40,9 @@ class Throttle(Callback):
         for epoch, costs in sorted(schedule.items()):
             costs = [float(c) for c in costs]
             if int(epoch) < 0 or not costs or any(c < 0 for c in costs):
-                raise ValueError(f"Epochs and costs must be >= 0 and non-empty, got {epoch}: {costs}.")
+                raise ValueError(
+                    f"Epochs and costs must be >= 0 and non-empty, got {epoch}: {costs}."
+                )
             self.schedule[int(epoch)] = costs
         sizes = {len(c) for c in self.schedule.values()}
         if len(sizes) != 1:

@@ -2,10 +2,11 @@
 
 import warnings
 from collections.abc import Sequence
+from math import isfinite
 from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller
-from lightning_hetero.planning.split import proportional_split
+from lightning_hetero.planning.split import balance_efficiency, proportional_split
 
 __all__ = ["ProportionalController"]
 
@@ -23,19 +24,23 @@ class ProportionalController(Controller):
     Three safeguards from the papers keep it calm:
 
     * **dead-band**: the plan changes only when some rank's target differs from its
-      current batch by more than ``deadband * b_k`` *and* by at least one sample
-      (paper 000 section III-C; the one-sample floor stops integer rounding of
-      small batches from flapping);
+      current batch by more than ``deadband * b_k`` (paper 000 section III-C) *and* the
+      measured balance efficiency ``E`` is below ``1 - deadband``, i.e. the step time
+      would improve by more than the dead-band. The second condition keeps a balanced
+      plan still when timing noise and integer rounding move a small batch by one
+      sample (that alone can exceed 5% of it);
     * **smoothing**: timings arrive already averaged since the last change
       (:class:`~lightning_hetero.planning.TimingSmoother`);
-    * **learned maximums**: if growing a rank's batch lowered its throughput by more
-      than ``throughput_drop`` (relative), its maximum becomes the previous size
-      (paper 000, "batch size bounds"), e.g. when memory runs short.
+    * **learned maximums**: if growing a rank's batch by more than the dead-band lowered
+      its throughput by more than ``throughput_drop`` (relative), its maximum becomes the
+      previous size (paper 000, "batch size bounds"), e.g. when memory runs short. Both
+      thresholds keep noise from triggering it: a rank grows *because* its last timing
+      looked fast, so a small drop afterwards is expected even on a linear worker.
 
     Args:
         deadband: relative change below which the plan is kept, in ``[0, 1)``.
         throughput_drop: relative throughput loss that counts as a drop, in ``[0, 1)``;
-            it must exceed the timing noise or maximums get lowered spuriously.
+            keep it well above the smoothed timing noise.
         learn_max_batch_size: apply the learned-maximum rule.
 
     Example:
@@ -50,7 +55,7 @@ class ProportionalController(Controller):
     def __init__(
         self,
         deadband: float = 0.05,
-        throughput_drop: float = 0.05,
+        throughput_drop: float = 0.1,
         learn_max_batch_size: bool = True,
     ) -> None:
         if not 0.0 <= deadband < 1.0:
@@ -68,6 +73,8 @@ class ProportionalController(Controller):
         self, batch_sizes: Sequence[int], compute_s: Sequence[float], limits: BatchLimits
     ) -> list[int]:
         current = list(batch_sizes)
+        if not all(isfinite(t) and t > 0 for t in compute_s):
+            raise ValueError(f"Compute times must be finite and positive, got {list(compute_s)}.")
         throughput = [b / t for b, t in zip(current, compute_s)]
         upper = self._upper_bounds(current, throughput, limits)
         self.last_batch_sizes, self.last_throughput = current, throughput
@@ -78,9 +85,9 @@ class ProportionalController(Controller):
         out_of_bounds = any(
             not lo <= b <= hi for b, lo, hi in zip(current, limits.min_batch_size, upper)
         )
-        significant = any(
-            abs(new - old) > self.deadband * old and abs(new - old) >= 1
-            for new, old in zip(target, current)
+        significant = (
+            any(abs(new - old) > self.deadband * old for new, old in zip(target, current))
+            and balance_efficiency(current, compute_s) < 1.0 - self.deadband
         )
         return target if significant or out_of_bounds else current
 
@@ -92,7 +99,7 @@ class ProportionalController(Controller):
             self.learned_max = [None] * world_size
         if self.learn_max_batch_size and len(self.last_batch_sizes) == world_size:
             for k in range(world_size):
-                grew = current[k] > self.last_batch_sizes[k]
+                grew = current[k] > (1.0 + self.deadband) * self.last_batch_sizes[k]
                 dropped = throughput[k] < (1.0 - self.throughput_drop) * self.last_throughput[k]
                 if grew and dropped:
                     self.learned_max[k] = self.last_batch_sizes[k]

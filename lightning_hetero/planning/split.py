@@ -129,7 +129,12 @@ def check_plan(
             " give one batch size per rank."
         )
     for rank, size in enumerate(values):
-        if isinstance(size, bool) or not float(size).is_integer() or size < 1:
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, (int, float))
+            or not float(size).is_integer()
+            or size < 1
+        ):
             raise PlanError(f"Rank {rank}: batch sizes must be positive integers, got {size!r}.")
     values = [int(v) for v in values]
     if total is not None and sum(values) != total:
@@ -145,8 +150,8 @@ def check_plan(
 def balance_efficiency(batch_sizes: Sequence[int], compute_s: Sequence[float]) -> float:
     """Balance efficiency ``E = T* / max_k t_k`` with ``T* = B / sum_k (b_k / t_k)``.
 
-    ``E`` is 1.0 when every rank needs the same time and falls toward ``1/K`` as
-    one rank straggles (DESIGN section 1, formula 1).
+    ``E`` is 1.0 when every rank needs the same time and falls toward 0 as one rank
+    straggles (DESIGN section 1, formula 1).
 
     Example:
         >>> balance_efficiency([10, 10], [1.0, 1.0])
