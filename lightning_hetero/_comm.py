@@ -5,7 +5,7 @@ annotations when it is registered.
 """
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -105,7 +105,7 @@ class WeightedHookState:
     world_size: int
     timer: HostStepTimer
     weighted: bool = True
-    weight: float = field(default=0.0)
+    weight: float = 1.0
 
 
 def weighted_allreduce_hook(

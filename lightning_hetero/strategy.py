@@ -150,17 +150,13 @@ class HeteroStrategy(DDPStrategy):
                     " or a list with one batch size per rank."
                 )
         else:
-            batch_sizes = check_plan(batch_sizes, len(batch_sizes))
-            if global_batch_size is not None and sum(batch_sizes) != global_batch_size:
-                raise ValueError(
-                    f"The plan {batch_sizes} sums to {sum(batch_sizes)}, not `global_batch_size`"
-                    f" {global_batch_size}."
-                )
-            check_plan(
+            size = len(batch_sizes)
+            batch_sizes = check_plan(
                 batch_sizes,
-                len(batch_sizes),
-                lower=[min_batch_size] * len(batch_sizes),
-                upper=None if max_batch_size is None else [max_batch_size] * len(batch_sizes),
+                size,
+                total=global_batch_size,
+                lower=[min_batch_size] * size,
+                upper=None if max_batch_size is None else [max_batch_size] * size,
             )
         if isinstance(controller, str):
             controller = make_controller(controller, deadband=deadband)
@@ -234,12 +230,10 @@ class HeteroStrategy(DDPStrategy):
 
     @override
     def setup(self, trainer: "pl.Trainer") -> None:
-        super().setup(trainer)
+        self._timer = CudaStepTimer() if self.root_device.type == "cuda" else HostStepTimer()
+        super().setup(trainer)  # wraps the model in DDP and registers the hook
         if trainer.state.fn != TrainerFn.FITTING:
             return
-        self._timer = CudaStepTimer() if self.root_device.type == "cuda" else HostStepTimer()
-        if self._hook_state is not None:
-            self._hook_state.timer = self._timer
         if self._initial_plan in ("cores", "flops") and self._capacities is None:
             self._capacities = self._gather_capacities(self._initial_plan)
         self._watch_user_shuffle(trainer)
