@@ -3,7 +3,7 @@
 import math
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -12,6 +12,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from typing_extensions import override
 
 from lightning_hetero.planning import TimingSmoother, balance_efficiency
+
+if TYPE_CHECKING:
+    from lightning_hetero.strategy import HeteroStrategy
 
 __all__ = ["HeteroCallback"]
 
@@ -45,7 +48,7 @@ class HeteroCallback(Callback):
         self._batches = 0
         self._adjustments = 0
         self._restored: dict[str, Any] | None = None
-        self._hetero: Any = None
+        self._hetero: HeteroStrategy | None = None
 
     @property
     @override
@@ -54,7 +57,7 @@ class HeteroCallback(Callback):
 
     # ---------------------------------------------------------------- lifecycle
     @staticmethod
-    def _strategy(trainer: "pl.Trainer") -> Any:
+    def _strategy(trainer: "pl.Trainer") -> "HeteroStrategy":
         from lightning_hetero.strategy import HeteroStrategy
 
         strategy = trainer.strategy
@@ -110,7 +113,7 @@ class HeteroCallback(Callback):
             self._boundary(trainer, strategy)
 
     # ---------------------------------------------------------------- the boundary
-    def _boundary(self, trainer: "pl.Trainer", strategy: Any) -> None:
+    def _boundary(self, trainer: "pl.Trainer", strategy: "HeteroStrategy") -> None:
         sampler = strategy.sampler
         if sampler is None or strategy.limits is None:
             return
