@@ -6,6 +6,7 @@ annotations when it is registered.
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,77 +25,67 @@ class HostStepTimer:
     """
 
     def __init__(self) -> None:
-        self._records: list[tuple[int, float, float]] = []
+        self._pending: list[tuple[int, Any, Any, Any]] = []
         self._batch_size = 0
-        self._start = self._ready = None
+        self._start: Any = None
+        self._ready: Any = None
+
+    def _now(self) -> Any:
+        return time.perf_counter()
+
+    def _finished(self, mark: Any, synchronize: bool) -> bool:
+        return True
+
+    def _elapsed_s(self, begin: Any, end: Any) -> float:
+        return end - begin
 
     def start(self, batch_size: int) -> None:
         self._batch_size = batch_size
-        self._start, self._ready = time.perf_counter(), None
+        self._start, self._ready = self._now(), None
 
     def grads_ready(self) -> None:
-        self._ready = time.perf_counter()
+        self._ready = self._now()
 
     def backward_done(self) -> None:
         if self._start is None:
             return
-        done = time.perf_counter()
+        done = self._now()
         ready = done if self._ready is None else self._ready
-        self._records.append((self._batch_size, ready - self._start, done - ready))
+        self._pending.append((self._batch_size, self._start, ready, done))
         self._start = None
 
     def collect(self, synchronize: bool = False) -> list[tuple[int, float, float]]:
         """Finished steps since the last call as ``(batch_size, compute_s, wait_s)``."""
-        records, self._records = self._records, []
+        records = []
+        while self._pending and self._finished(self._pending[0][3], synchronize):
+            batch_size, start, ready, done = self._pending.pop(0)
+            records.append(
+                (batch_size, self._elapsed_s(start, ready), self._elapsed_s(ready, done))
+            )
         return records
 
 
 class CudaStepTimer(HostStepTimer):
     """The same measurements with CUDA events, on the device's own clock.
 
-    Events are recorded on the current stream and read once they have completed,
-    so timing never blocks the host except when :meth:`collect` is asked to
+    Events are recorded on the current stream and read once they have completed, so
+    timing never blocks the host except when :meth:`collect` is asked to
     ``synchronize`` at a boundary.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event, torch.cuda.Event]] = []
-        self._events: list[torch.cuda.Event] = []
-
-    def _event(self) -> torch.cuda.Event:
+    def _now(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
-    def start(self, batch_size: int) -> None:
-        self._batch_size = batch_size
-        self._start, self._ready = self._event(), None
+    def _finished(self, mark: torch.cuda.Event, synchronize: bool) -> bool:
+        if synchronize:
+            mark.synchronize()
+            return True
+        return mark.query()
 
-    def grads_ready(self) -> None:
-        self._ready = self._event()
-
-    def backward_done(self) -> None:
-        if self._start is None:
-            return
-        done = self._event()
-        ready = done if self._ready is None else self._ready
-        self._pending.append((self._batch_size, self._start, ready, done))
-        self._start = None
-
-    def collect(self, synchronize: bool = False) -> list[tuple[int, float, float]]:
-        records = []
-        while self._pending:
-            batch_size, start, ready, done = self._pending[0]
-            if synchronize:
-                done.synchronize()
-            elif not done.query():
-                break
-            self._pending.pop(0)
-            records.append(
-                (batch_size, start.elapsed_time(ready) / 1e3, ready.elapsed_time(done) / 1e3)
-            )
-        return records
+    def _elapsed_s(self, begin: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        return begin.elapsed_time(end) / 1e3
 
 
 @dataclass
