@@ -67,6 +67,7 @@ def test_controller_metrics_reach_csv_and_tensorboard(hl4_run):
 
     events = EventAccumulator(str(tensorboard_files[0].parent)).Reload()
     assert "hetero/batch_size/rank2" in events.Tags()["scalars"]
+    assert "custom_scalars__config__" in events.Tags()["tensors"]  # the multi-line charts
 
 
 def test_resume_from_checkpoint_keeps_the_learned_plan(hl4_run, tmp_path):
