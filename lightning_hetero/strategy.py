@@ -278,6 +278,7 @@ class HeteroStrategy(DDPStrategy):
             world_size=self.world_size,
             timer=self._timer,
             weighted=self.weighted,
+            weight=1.0 / self.world_size,  # plain mean until the first step sets b_k / B
         )
         self.model.register_comm_hook(self._hook_state, weighted_allreduce_hook)
 
@@ -329,8 +330,7 @@ class HeteroStrategy(DDPStrategy):
         if type(loader) is not DataLoader:
             rank_zero_warn(
                 f"HeteroStrategy replaces the training {type(loader).__name__} by a plain"
-                " DataLoader"
-                " with the same dataset and options."
+                " DataLoader with the same dataset and options."
             )
         sliced = DataLoader(
             loader.dataset,
