@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lightning_hetero.bench.run import launch
-from lightning_hetero.planning import HETEROGENEITY_LEVELS, proportional_split
+from lightning_hetero.planning import HETEROGENEITY_LEVELS, ideal_speedup, proportional_split
 
 
 def main() -> None:
@@ -54,7 +54,7 @@ def main() -> None:
         print(f"{name:<10}{epoch_s:>16.3f}{balance:>10}{acc:>10.3f}  {plan}")
     ddp_s = statistics.median(results["ddp"]["epoch_s"][2:])
     hetero_s = statistics.median(results["hetero"]["epoch_s"][2:])
-    ideal = sum(cores) / (len(cores) * min(cores))
+    ideal = ideal_speedup(cores)
     print(f"\nspeedup {ddp_s / hetero_s:.2f}x (ideal {ideal:.2f}x);")
     print(f"speed-proportional split: {proportional_split(cores, 128)}")
     print(f"plan per boundary: {[h['next_batch_sizes'] for h in results['hetero']['history']]}")

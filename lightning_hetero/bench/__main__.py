@@ -20,7 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from lightning_hetero.bench.run import launch
-from lightning_hetero.planning import HETEROGENEITY_LEVELS
+from lightning_hetero.planning import HETEROGENEITY_LEVELS, SimulationResult, ideal_speedup
 
 #: Columns of the report, with how each is printed.
 COLUMNS = {
@@ -41,7 +41,7 @@ def _steady(epoch_s: list[float], skip: int) -> float:
 def measure(
     levels: list[str], repeats: int, epochs: int, base_cost: float, workdir: Path
 ) -> dict[str, Any]:
-    """Run every level ``repeats`` times with both strategies; returns raw runs and ratios."""
+    """Run every level ``repeats`` times with both strategies; returns the raw run summaries."""
     raw: dict[str, list[dict[str, Any]]] = {}
     total = len(levels) * repeats * 2
     with tqdm(total=total, desc="benchmark runs", unit="run") as progress:
@@ -67,17 +67,13 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
     ddp, hetero = pair["ddp"], pair["hetero"]
     ddp_epoch, hetero_epoch = _steady(ddp["epoch_s"], 1), _steady(hetero["epoch_s"], skip)
     speedup = ddp_epoch / hetero_epoch
-    ideal = sum(cores) / (len(cores) * min(cores))
+    ideal = ideal_speedup(cores)
     history = hetero["history"]
     first = history[0]
-    measured_x = [b / t for b, t in zip(first["batch_sizes"], first["compute_times"])]
-    ideal_measured = sum(measured_x) / (len(measured_x) * min(measured_x))
-    changes, to_095 = 0, float("nan")
-    for entry in history:
-        if entry["balance"] >= 0.95:
-            to_095 = float(changes)
-            break
-        changes += entry["changed"]
+    ideal_measured = ideal_speedup(
+        [b / t for b, t in zip(first["batch_sizes"], first["compute_times"])]
+    )
+    to_095 = SimulationResult(history).adjustments_to_balance(0.95)
     boundary_s = statistics.median(e["boundary_s"] for e in history)
     return {
         "speedup": speedup,
@@ -85,7 +81,7 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
         "fraction": speedup / ideal,
         "fraction_measured": speedup / ideal_measured,
         "balance": history[-1]["balance"],
-        "adjustments_to_095": to_095,
+        "adjustments_to_095": float("nan") if to_095 is None else float(to_095),
         # one boundary per epoch: its cost spread over the epoch's steps, relative to a step
         "overhead": boundary_s / hetero_epoch,
     }

@@ -18,6 +18,7 @@ from lightning_hetero.planning.split import (
     PlanError,
     balance_efficiency,
     check_plan,
+    ideal_speedup,
     proportional_split,
 )
 from lightning_hetero.planning.static import StaticController
@@ -36,6 +37,7 @@ __all__ = [
     "TimingSmoother",
     "balance_efficiency",
     "check_plan",
+    "ideal_speedup",
     "make_controller",
     "proportional_split",
 ]

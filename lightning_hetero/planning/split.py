@@ -13,6 +13,7 @@ __all__ = [
     "balance_efficiency",
     "check_plan",
     "expand_bound",
+    "ideal_speedup",
     "proportional_split",
 ]
 
@@ -164,3 +165,16 @@ def balance_efficiency(batch_sizes: Sequence[int], compute_s: Sequence[float]) -
     throughput = [b / t for b, t in zip(batch_sizes, compute_s)]
     best_step_s = sum(batch_sizes) / sum(throughput)
     return best_step_s / max(compute_s)
+
+
+def ideal_speedup(samples_per_s: Sequence[float]) -> float:
+    """Best epoch-time speedup of a speed-proportional split over a uniform one.
+
+    Uniform BSP runs at the pace of the slowest rank, ``K * min(X)`` samples/s in all;
+    a perfect split uses every rank fully, ``sum(X)`` (DESIGN section 6).
+
+    Example:
+        >>> ideal_speedup([9, 9, 6, 24])
+        2.0
+    """
+    return sum(samples_per_s) / (len(samples_per_s) * min(samples_per_s))
