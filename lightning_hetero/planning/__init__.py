@@ -4,7 +4,7 @@ Nothing here imports torch.distributed or Lightning, so every controller is
 tested in milliseconds against the :class:`ClusterSimulator`.
 """
 
-from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.registry import CONTROLLERS, make_controller
 from lightning_hetero.planning.simulator import (
@@ -31,6 +31,7 @@ __all__ = [
     "Controller",
     "PlanError",
     "ProportionalController",
+    "RankStats",
     "SimulatedWorker",
     "SimulationResult",
     "StaticController",

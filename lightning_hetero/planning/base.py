@@ -3,11 +3,12 @@
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import nan
 from typing import Any, ClassVar
 
 from lightning_hetero.planning.split import PlanError, expand_bound
 
-__all__ = ["BatchLimits", "Controller"]
+__all__ = ["BatchLimits", "Controller", "RankStats"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,28 @@ class BatchLimits:
             )
 
 
+@dataclass(frozen=True)
+class RankStats:
+    """Side readings of one rank at a boundary, next to its compute time.
+
+    Controllers that need more than timings read these; the others ignore them. A
+    reading a rank cannot take is ``nan`` (or ``None`` for ``updates``).
+
+    Attributes:
+        memory_used: fraction of the rank's memory budget in use at its peak since the last
+            boundary (device memory on GPU, host memory of the process on CPU), in ``[0, 1]``.
+        cpu_available: fraction of the host's CPU capacity that is idle, in ``[0, 1]``.
+        memory_available: fraction of the host's memory that is available, in ``[0, 1]``.
+        updates: model updates the rank made since the last boundary, where ranks can
+            differ in that (asynchronous and local-SGD modes); ``None`` in lock-step modes.
+    """
+
+    memory_used: float = nan
+    cpu_available: float = nan
+    memory_available: float = nan
+    updates: int | None = None
+
+
 class Controller(ABC):
     """Decides the next plan from the current one and each rank's smoothed compute time.
 
@@ -67,7 +90,11 @@ class Controller(ABC):
 
     @abstractmethod
     def update(
-        self, batch_sizes: Sequence[int], compute_s: Sequence[float], limits: BatchLimits
+        self,
+        batch_sizes: Sequence[int],
+        compute_s: Sequence[float],
+        limits: BatchLimits,
+        stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
         """Return the next plan.
 
@@ -75,6 +102,7 @@ class Controller(ABC):
             batch_sizes: the batch size each rank was timed at (the plan in force).
             compute_s: each rank's smoothed compute time per step at that batch size, seconds.
             limits: the global batch and the per-rank bounds the result must respect.
+            stats: one :class:`RankStats` per rank, or ``None`` when no side readings exist.
         """
 
     def state_dict(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from math import isfinite
 from typing import Any
 
-from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.split import balance_efficiency, proportional_split
 
 __all__ = ["ProportionalController"]
@@ -70,7 +70,11 @@ class ProportionalController(Controller):
         self.last_throughput: list[float] = []
 
     def update(
-        self, batch_sizes: Sequence[int], compute_s: Sequence[float], limits: BatchLimits
+        self,
+        batch_sizes: Sequence[int],
+        compute_s: Sequence[float],
+        limits: BatchLimits,
+        stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
         current = list(batch_sizes)
         if not all(isfinite(t) and t > 0 for t in compute_s):

@@ -8,9 +8,10 @@ records what a real run records at each boundary.
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from math import nan
 from typing import Any
 
-from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.smoothing import TimingSmoother
 from lightning_hetero.planning.split import balance_efficiency
 
@@ -34,6 +35,7 @@ class SimulatedWorker:
     ``saturation_batch`` the device is not full and time stays flat (GPU-like);
     above ``memory_cap`` samples every extra sample costs ``over_cap_slowdown``
     times more (swapping, allocator thrashing: throughput falls, paper 000 Fig. 5).
+    The reported memory use is ``b / memory_cap`` (1.0 at the cap).
     """
 
     sample_s: float
@@ -54,6 +56,10 @@ class SimulatedWorker:
         if self.memory_cap is not None and batch_size > self.memory_cap:
             effective += (batch_size - self.memory_cap) * (self.over_cap_slowdown - 1.0)
         return (self.sample_s * effective + self.overhead_s) / speed
+
+    def memory_used(self, batch_size: int) -> float:
+        """Fraction of the memory budget in use at ``batch_size``; ``nan`` without a cap."""
+        return nan if self.memory_cap is None else batch_size / self.memory_cap
 
 
 @dataclass
@@ -96,6 +102,10 @@ class ClusterSimulator:
         speed_changes: ``{boundary: speeds}``; from that boundary on, worker ``k``
             runs ``speeds[k]`` times as fast as its curve says (the latest entry
             at or before a boundary applies; before the first, speeds are 1).
+        availability: ``{boundary: [(cpu_available, memory_available), ...]}``, the
+            host resource readings each worker reports from that boundary on (the latest
+            entry at or before a boundary applies; before the first, ``nan``). They are
+            only reported: pair them with ``speed_changes`` to make speed follow them.
         seed: seed of the noise.
 
     Example:
@@ -112,6 +122,7 @@ class ClusterSimulator:
         noise: float = 0.0,
         speed_changes: Mapping[int, Sequence[float]] | None = None,
         seed: int = 0,
+        availability: Mapping[int, Sequence[tuple[float, float]]] | None = None,
     ) -> None:
         if not workers:
             raise ValueError("The simulator needs at least one worker.")
@@ -123,6 +134,10 @@ class ClusterSimulator:
         for boundary, speeds in self.speed_changes.items():
             if len(speeds) != len(self.workers) or any(s <= 0 for s in speeds):
                 raise ValueError(f"speed_changes[{boundary}] needs one positive speed per worker.")
+        self.availability = {int(k): list(v) for k, v in (availability or {}).items()}
+        for boundary, readings in self.availability.items():
+            if len(readings) != len(self.workers):
+                raise ValueError(f"availability[{boundary}] needs one reading per worker.")
         self._rng = random.Random(seed)
 
     @classmethod
@@ -146,10 +161,62 @@ class ClusterSimulator:
                 speeds = self.speed_changes[start]
         return list(speeds)
 
+    def stats_at(self, batch_sizes: Sequence[int], boundary: int) -> list[RankStats]:
+        """What each worker reports besides its timing during interval ``boundary``."""
+        readings: Sequence[tuple[float, float]] = [(nan, nan)] * len(self.workers)
+        for start in sorted(self.availability):
+            if start <= boundary:
+                readings = self.availability[start]
+        return [
+            RankStats(memory_used=w.memory_used(b), cpu_available=cpu, memory_available=mem)
+            for w, b, (cpu, mem) in zip(self.workers, batch_sizes, readings)
+        ]
+
     def true_step_s(self, batch_sizes: Sequence[int], boundary: int) -> list[float]:
         """Noise-free compute times of one step."""
         speeds = self.speeds_at(boundary)
         return [w.step_s(b, s) for w, b, s in zip(self.workers, batch_sizes, speeds)]
+
+    def optimal_step_s(self, limits: BatchLimits, boundary: int) -> float:
+        """The shortest noise-free step time any plan within ``limits`` can reach.
+
+        Step time curves rise with the batch, so for a candidate time ``T`` each worker
+        takes the largest batch it finishes within ``T``; the optimum is the smallest
+        ``T`` at which those batches add up to the global batch.
+        """
+        speeds = self.speeds_at(boundary)
+
+        def largest(k: int, limit: float) -> int:
+            lo, hi = limits.min_batch_size[k], limits.max_batch_size[k]
+            if self.workers[k].step_s(lo, speeds[k]) > limit:
+                return -limits.global_batch_size  # this worker's minimum does not fit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self.workers[k].step_s(mid, speeds[k]) <= limit:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo
+
+        candidates = sorted(
+            {
+                w.step_s(b, s)
+                for w, s, lo, hi in zip(
+                    self.workers, speeds, limits.min_batch_size, limits.max_batch_size
+                )
+                for b in range(lo, hi + 1)
+            }
+        )
+        low, high = 0, len(candidates) - 1
+        while low < high:
+            mid = (low + high) // 2
+            if sum(largest(k, candidates[mid]) for k in range(len(self.workers))) >= (
+                limits.global_batch_size
+            ):
+                high = mid
+            else:
+                low = mid + 1
+        return candidates[low]
 
     def step_s(self, batch_sizes: Sequence[int], boundary: int) -> list[float]:
         """Compute times of one step, with noise."""
@@ -178,7 +245,8 @@ class ClusterSimulator:
                 for smoother, b, t in zip(smoothers, plan, self.step_s(plan, boundary)):
                     smoother.update(b, t, 0.0)
             compute_s = [s.compute_s for s in smoothers]
-            new_plan = controller.update(plan, compute_s, limits)
+            stats = self.stats_at(plan, boundary)
+            new_plan = controller.update(plan, compute_s, limits, stats)
             result.history.append(
                 {
                     "boundary": boundary,
@@ -187,6 +255,7 @@ class ClusterSimulator:
                     "balance": balance_efficiency(plan, self.true_step_s(plan, boundary)),
                     "measured_balance": balance_efficiency(plan, compute_s),
                     "changed": new_plan != plan,
+                    "stats": stats,
                 }
             )
             plan = new_plan

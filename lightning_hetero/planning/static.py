@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 
 __all__ = ["StaticController"]
 
@@ -22,6 +22,10 @@ class StaticController(Controller):
     name = "static"
 
     def update(
-        self, batch_sizes: Sequence[int], compute_s: Sequence[float], limits: BatchLimits
+        self,
+        batch_sizes: Sequence[int],
+        compute_s: Sequence[float],
+        limits: BatchLimits,
+        stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
         return list(batch_sizes)

@@ -21,7 +21,7 @@ class ScriptedController(StaticController):
     def __init__(self, plans: Sequence[list[int]]) -> None:
         self.plans = list(plans)
 
-    def update(self, batch_sizes, compute_s, limits):  # type: ignore[no-untyped-def]
+    def update(self, batch_sizes, compute_s, limits, stats=None):  # type: ignore[no-untyped-def]
         return self.plans.pop(0) if self.plans else list(batch_sizes)
 
 

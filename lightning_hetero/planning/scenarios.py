@@ -1,0 +1,216 @@
+"""Named simulated clusters every controller is judged on, and the numbers that judge it.
+
+The unit tests and ``python -m lightning_hetero.bench --simulate`` read the same
+catalogue, so the table a user sees is the one the tests check.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from statistics import fmean
+
+from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.simulator import (
+    HETEROGENEITY_LEVELS,
+    ClusterSimulator,
+    SimulatedWorker,
+    SimulationResult,
+)
+from lightning_hetero.planning.split import check_plan
+
+__all__ = ["SCENARIOS", "Scenario", "ScenarioReport", "run_scenario"]
+
+_B = 256
+_UNIFORM = [_B // 4] * 4
+
+
+def _relative(cores: tuple[int, ...]) -> list[float]:
+    return [c / 12 for c in cores]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A simulated cluster, its starting plan and how long to run it.
+
+    Attributes:
+        name: key in :data:`SCENARIOS`.
+        description: one line for tables.
+        build: ``seed -> ClusterSimulator``.
+        batch_sizes: the initial plan.
+        limits: the global batch and bounds.
+        boundaries: boundaries to simulate.
+        steps_per_boundary: steps between boundaries.
+        changes: boundaries at which the true speeds change (0 is the start).
+    """
+
+    name: str
+    description: str
+    build: Callable[[int], ClusterSimulator]
+    batch_sizes: list[int]
+    limits: BatchLimits
+    boundaries: int
+    steps_per_boundary: int = 20
+    changes: tuple[int, ...] = (0,)
+
+
+def _static(level: str) -> Scenario:
+    speeds = HETEROGENEITY_LEVELS[level]
+    return Scenario(
+        level,
+        f"{level} {':'.join(map(str, speeds))}, uniform start, 2% noise",
+        lambda seed: ClusterSimulator.from_speeds(speeds, noise=0.02, seed=seed),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=30,
+    )
+
+
+def _steps() -> Scenario:
+    levels = ["HL1", "HL2", "HL4", "HL8", "HL1"]
+    every = 15
+    changes = {i * every: _relative(HETEROGENEITY_LEVELS[lvl]) for i, lvl in enumerate(levels)}
+    return Scenario(
+        "steps",
+        "HL1 -> HL2 -> HL4 -> HL8 -> HL1, a change every 15 boundaries, 2% noise",
+        lambda seed: ClusterSimulator.from_speeds(
+            [1.0] * 4, noise=0.02, speed_changes=changes, seed=seed
+        ),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=every * len(levels),
+        changes=tuple(changes),
+    )
+
+
+def _noisy() -> Scenario:
+    speeds = HETEROGENEITY_LEVELS["HL4"]
+    return Scenario(
+        "noisy",
+        "HL4 with 10% per-step timing noise",
+        lambda seed: ClusterSimulator.from_speeds(speeds, noise=0.10, seed=seed),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=30,
+    )
+
+
+def _gpu() -> Scenario:
+    # Flat below 24 samples (device not full), linear above, plus a fixed launch cost.
+    speeds = HETEROGENEITY_LEVELS["HL4"]
+    workers = [SimulatedWorker(0.01 * 24 / s, 0.02 * 24 / s, saturation_batch=24) for s in speeds]
+    return Scenario(
+        "gpu",
+        "HL4, GPU-like curves: flat below 24 samples, 2% noise",
+        lambda seed: ClusterSimulator(workers, noise=0.02, seed=seed),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=30,
+    )
+
+
+def _memory() -> Scenario:
+    # HL8, but the fastest worker thrashes above 96 samples (its fair share is 160).
+    speeds = HETEROGENEITY_LEVELS["HL8"]
+    caps: list[int | None] = [None, None, None, 96]
+    workers = [
+        SimulatedWorker(0.01 * 32 / s, memory_cap=cap) for s, cap in zip(speeds, caps, strict=True)
+    ]
+    return Scenario(
+        "memory",
+        "HL8, the fastest worker slows 4x per sample above 96 samples",
+        lambda seed: ClusterSimulator(workers, noise=0.02, seed=seed),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=30,
+    )
+
+
+#: The catalogue, by name.
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [_static("HL2"), _static("HL4"), _static("HL8"), _steps(), _noisy(), _gpu(), _memory()]
+}
+
+
+@dataclass
+class ScenarioReport:
+    """How one controller did on one scenario.
+
+    *Efficiency* is the optimal step time (the best any plan within the limits can do on
+    the noise-free curves, :meth:`ClusterSimulator.optimal_step_s`) over the true step
+    time of the plan in force. For linear workers without caps it equals the balance
+    efficiency ``E``; where ``E = 1`` is out of reach (a memory cap, a flat GPU curve) it
+    still reads 1.0 at the best plan.
+
+    Attributes:
+        steady_balance: mean true balance efficiency ``E`` over the last quarter of every phase.
+        steady_efficiency: mean efficiency over the last quarter of every phase.
+        boundaries_to_balance: the worst, over the phases, of the boundaries from a speed
+            change until the efficiency first reaches ``threshold``; ``None`` if some phase
+            never got there.
+        plan_changes: boundaries at which the plan changed, over the whole run.
+        mean_step_s: mean true (noise-free) step time, ``max_k t_k``, over the run.
+    """
+
+    scenario: str
+    controller: str
+    seed: int
+    steady_balance: float
+    steady_efficiency: float
+    boundaries_to_balance: int | None
+    plan_changes: int
+    mean_step_s: float
+    result: SimulationResult = field(repr=False)
+
+
+def run_scenario(
+    scenario: Scenario | str, controller: Controller, seed: int = 0, threshold: float = 0.95
+) -> ScenarioReport:
+    """Run ``controller`` through ``scenario`` and score it.
+
+    Every plan is checked against the scenario's limits (sum and bounds); a violation
+    raises :class:`~lightning_hetero.planning.PlanError`.
+
+    Example:
+        >>> from lightning_hetero.planning import ProportionalController
+        >>> report = run_scenario("HL4", ProportionalController())
+        >>> report.boundaries_to_balance, report.steady_balance > 0.95
+        (1, True)
+    """
+    if isinstance(scenario, str):
+        try:
+            scenario = SCENARIOS[scenario]
+        except KeyError:
+            raise ValueError(
+                f"Unknown scenario {scenario!r}; expected one of {sorted(SCENARIOS)}."
+            ) from None
+    sim = scenario.build(seed)
+    limits = scenario.limits
+    result = sim.run(
+        controller, scenario.batch_sizes, limits, scenario.boundaries, scenario.steps_per_boundary
+    )
+    for plan in result.plans:
+        check_plan(
+            plan, len(plan), limits.global_batch_size, limits.min_batch_size, limits.max_batch_size
+        )
+
+    step_s = [max(sim.true_step_s(plan, i)) for i, plan in enumerate(result.plans)]
+    efficiency = [sim.optimal_step_s(limits, i) / t for i, t in enumerate(step_s)]
+    ends = [*scenario.changes[1:], scenario.boundaries]
+    steady: list[int] = []
+    worst: int | None = 0
+    for start, end in zip(scenario.changes, ends, strict=True):
+        steady.extend(range(end - max(1, (end - start) // 4), end))
+        phase = efficiency[start:end]
+        reached = next((i for i, e in enumerate(phase) if e >= threshold - 1e-12), None)
+        worst = None if reached is None or worst is None else max(worst, reached)
+    return ScenarioReport(
+        scenario=scenario.name,
+        controller=getattr(controller, "name", type(controller).__name__),
+        seed=seed,
+        steady_balance=fmean(result.balance[i] for i in steady),
+        steady_efficiency=fmean(efficiency[i] for i in steady),
+        boundaries_to_balance=worst,
+        plan_changes=result.adjustments,
+        mean_step_s=fmean(step_s),
+        result=result,
+    )
