@@ -11,7 +11,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
-from lightning_hetero.planning import TimingSmoother, balance_efficiency
+from lightning_hetero.planning import RankStats, TimingSmoother, balance_efficiency
+from lightning_hetero.resources import ResourceMeter
 
 if TYPE_CHECKING:
     from lightning_hetero.strategy import HeteroStrategy
@@ -27,12 +28,15 @@ class HeteroCallback(Callback):
 
     After every training batch it folds this rank's step timings into an EWMA; at each
     boundary (epoch end, or every ``adjust_every`` batches) it all-gathers
-    ``(b_k, compute_s, wait_s)`` from every rank, runs the strategy's controller (the
-    same on every rank, so all reach the same plan), applies the plan, appends a record
-    to ``strategy.history`` and logs it to every attached logger:
+    ``(b_k, compute_s, wait_s)`` and each rank's resource readings
+    (:class:`~lightning_hetero.resources.ResourceMeter`) from every rank; rank 0 runs the
+    strategy's controller and broadcasts the plan (so controllers need not be bit-for-bit
+    deterministic across ranks), every rank applies it, appends a record to
+    ``strategy.history`` and logs it to every attached logger:
     ``hetero/batch_size/rank{k}``, ``hetero/compute_time/rank{k}``,
-    ``hetero/wait_time/rank{k}``, ``hetero/throughput/rank{k}``, ``hetero/balance`` and
-    ``hetero/adjustments``. Its state (plan, controller, history) is saved in checkpoints.
+    ``hetero/wait_time/rank{k}``, ``hetero/throughput/rank{k}``,
+    ``hetero/memory_used/rank{k}``, ``hetero/balance`` and ``hetero/adjustments``. Its
+    state (plan, rank 0's controller, history) is saved in checkpoints.
 
     The strategy attaches one automatically; pass your own instance in
     ``Trainer(callbacks=...)`` to change its options.
@@ -49,6 +53,7 @@ class HeteroCallback(Callback):
         self._adjustments = 0
         self._restored: dict[str, Any] | None = None
         self._hetero: HeteroStrategy | None = None
+        self._meter: ResourceMeter | None = None
 
     @property
     @override
@@ -72,6 +77,7 @@ class HeteroCallback(Callback):
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         strategy = self._hetero = self._strategy(trainer)
         self._smoother = TimingSmoother(strategy.smoothing)
+        self._meter = ResourceMeter(strategy.root_device)
         if self._restored is not None:
             state, self._restored = self._restored, None
             strategy.restore_plan(state["batch_sizes"])
@@ -119,11 +125,15 @@ class HeteroCallback(Callback):
             return
         started = time.perf_counter()
         s = self._smoother
-        rows = strategy.gather_rows([s.batch_size, s.compute_s, s.wait_s, s.steps, sampler.cursor])
+        readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
+        rows = strategy.gather_rows(
+            [s.batch_size, s.compute_s, s.wait_s, s.steps, sampler.cursor, *readings]
+        )
         measured = [int(row[0]) for row in rows]
         compute_s = [row[1] for row in rows]
         wait_s = [row[2] for row in rows]
         first_undrawn_step = int(max(row[4] for row in rows))
+        stats = [RankStats(row[5], row[6], row[7]) for row in rows]
         plan = strategy.batch_sizes
 
         entry: dict[str, Any] = {
@@ -132,6 +142,7 @@ class HeteroCallback(Callback):
             "batch_sizes": plan,
             "compute_times": compute_s,
             "wait_times": wait_s,
+            "memory_used": [r.memory_used for r in stats],
             "balance": float("nan"),
             "changed": False,
         }
@@ -153,11 +164,10 @@ class HeteroCallback(Callback):
             )
         else:
             entry["balance"] = balance_efficiency(plan, compute_s)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                new_plan = strategy.controller.update(plan, compute_s, strategy.limits)
-            for warning in caught:
-                rank_zero_warn(str(warning.message))
+            decided = plan
+            if strategy.global_rank == 0:
+                decided = self._decide(strategy, plan, compute_s, stats)
+            new_plan = strategy.broadcast_plan(decided)
             if new_plan != plan:
                 strategy.apply_plan(new_plan, from_step=first_undrawn_step)
                 self._adjustments += 1
@@ -166,6 +176,24 @@ class HeteroCallback(Callback):
         entry["boundary_s"] = time.perf_counter() - started
         strategy.history.append(entry)
         self._log(trainer, entry)
+
+    @staticmethod
+    def _decide(
+        strategy: "HeteroStrategy", plan: list[int], compute_s: list[float], stats: list[RankStats]
+    ) -> list[int]:
+        """Rank 0 runs the controller; its warnings are re-emitted once, and a failure
+        becomes an all-zero plan so that every rank raises instead of waiting."""
+        assert strategy.limits is not None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                new_plan = strategy.controller.update(plan, compute_s, strategy.limits, stats)
+            except Exception as err:
+                rank_zero_warn(f"hetero: the controller failed: {type(err).__name__}: {err}")
+                new_plan = [0] * len(plan)
+        for warning in caught:
+            rank_zero_warn(str(warning.message))
+        return new_plan
 
     def _log(self, trainer: "pl.Trainer", entry: dict[str, Any]) -> None:
         metrics: dict[str, float] = {}
@@ -176,6 +204,8 @@ class HeteroCallback(Callback):
             metrics[f"hetero/compute_time/rank{rank}"] = t
             metrics[f"hetero/wait_time/rank{rank}"] = w
             metrics[f"hetero/throughput/rank{rank}"] = b / t if t > 0 else float("nan")
+        for rank, used in enumerate(entry["memory_used"]):
+            metrics[f"hetero/memory_used/rank{rank}"] = used
         metrics["hetero/balance"] = entry["balance"]
         metrics["hetero/adjustments"] = float(self._adjustments)
         for logger in trainer.loggers:
@@ -188,6 +218,7 @@ class HeteroCallback(Callback):
             "compute time per rank (s)": ["Multiline", [r"hetero/compute_time/rank\d+"]],
             "wait time per rank (s)": ["Multiline", [r"hetero/wait_time/rank\d+"]],
             "throughput per rank (samples/s)": ["Multiline", [r"hetero/throughput/rank\d+"]],
+            "memory in use per rank (fraction)": ["Multiline", [r"hetero/memory_used/rank\d+"]],
             "balance efficiency": ["Multiline", [r"hetero/balance"]],
         }
         for logger in trainer.loggers:

@@ -1,12 +1,14 @@
-"""What each rank's process can use: CPU cores and GPU compute, for open-loop plans."""
+"""What each rank's process can use: CPU cores and GPU compute for open-loop plans, and the
+memory and host readings controllers see at each boundary."""
 
 import os
 import warnings
 from pathlib import Path
 
+import psutil
 import torch
 
-__all__ = ["available_cores", "flops_or_nan", "gpu_flops"]
+__all__ = ["ResourceMeter", "available_cores", "flops_or_nan", "gpu_flops"]
 
 
 def _cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
@@ -74,3 +76,39 @@ def flops_or_nan(device: torch.device) -> float:
     except Exception as err:  # NVML missing, no permission, old driver
         warnings.warn(f"Could not read the GPU through NVML: {err}", stacklevel=2)
         return float("nan")
+
+
+class ResourceMeter:
+    """One rank's side readings at a boundary (:class:`~lightning_hetero.planning.RankStats`).
+
+    :meth:`read` returns ``(memory_used, cpu_available, memory_available)``:
+
+    * ``memory_used``: on CUDA, the device's memory in use at this process's peak since the
+      previous reading (other processes' use now, plus this process's peak reserved
+      memory), over the device total; on CPU, the host's memory in use over its total.
+    * ``cpu_available``: the idle fraction of the host's CPUs since the previous reading.
+    * ``memory_available``: the host's available memory over its total.
+
+    Args:
+        device: the rank's device.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._cuda = device.type == "cuda"
+        psutil.cpu_percent(interval=None)  # the first call only starts the interval
+
+    def read(self) -> tuple[float, float, float]:
+        """The readings since the previous call; resets the CUDA peak statistics."""
+        cpu_available = 1.0 - psutil.cpu_percent(interval=None) / 100.0
+        host = psutil.virtual_memory()
+        memory_available = host.available / host.total
+        if self._cuda:
+            free, total = torch.cuda.mem_get_info(self.device)
+            reserved = torch.cuda.memory_reserved(self.device)
+            peak = torch.cuda.max_memory_reserved(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            memory_used = min(1.0, (total - free - reserved + peak) / total)
+        else:
+            memory_used = 1.0 - memory_available
+        return memory_used, cpu_available, memory_available

@@ -421,6 +421,25 @@ class HeteroStrategy(DDPStrategy):
         torch.distributed.all_gather(rows, tensor)
         return [row.cpu().tolist() for row in rows]
 
+    def broadcast_plan(self, batch_sizes: Sequence[int]) -> list[int]:
+        """Rank 0's plan, on every rank (the controller runs on rank 0 only).
+
+        Raises:
+            RuntimeError: rank 0 sent the all-zero plan that marks a controller failure.
+        """
+        tensor = torch.tensor([int(b) for b in batch_sizes], dtype=torch.int64)
+        if self.root_device.type == "cuda":
+            tensor = tensor.to(self.root_device)
+        if torch.distributed.is_initialized() and self.world_size > 1:
+            torch.distributed.broadcast(tensor, src=0)
+        plan = [int(b) for b in tensor.tolist()]
+        if not any(plan):
+            raise RuntimeError(
+                f"hetero: the {type(self.controller).__name__} controller failed on rank 0 (see"
+                " its warning above); stopping every rank."
+            )
+        return plan
+
     # ---------------------------------------------------------------- step
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
