@@ -40,3 +40,26 @@ def test_flops_are_nan_off_cuda_so_every_rank_falls_back_to_cores():
 def test_flops_of_a_real_gpu_are_sm_count_times_clock():
     flops = resources.gpu_flops(torch.device("cuda", 0))
     assert flops > torch.cuda.get_device_properties(0).multi_processor_count * 100
+
+
+def test_resource_meter_reads_fractions_on_cpu():
+    meter = resources.ResourceMeter(torch.device("cpu"))
+    sum(i * i for i in range(200_000))  # some CPU time between readings
+    used, cpu_available, memory_available = meter.read()
+    assert 0.0 <= cpu_available <= 1.0
+    assert 0.0 < memory_available < 1.0
+    assert used == pytest.approx(1.0 - memory_available)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
+def test_resource_meter_sees_the_cuda_peak_since_the_last_reading():
+    device = torch.device("cuda", 0)
+    meter = resources.ResourceMeter(device)
+    meter.read()
+    total = torch.cuda.mem_get_info(device)[1]
+    block = torch.empty(total // 10, dtype=torch.uint8, device=device)
+    del block  # freed, but the peak stays until the next reading
+    used, _, _ = meter.read()
+    after, _, _ = meter.read()
+    assert used - after > 0.08

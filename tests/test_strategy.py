@@ -6,7 +6,13 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from lightning_hetero import HeteroCallback, HeteroStrategy
-from lightning_hetero.planning import PlanError, ProportionalController, StaticController
+from lightning_hetero.planning import (
+    Controller,
+    PlanError,
+    ProportionalController,
+    RankStats,
+    StaticController,
+)
 
 
 @pytest.mark.parametrize(
@@ -240,3 +246,44 @@ def test_custom_sampler_is_refused_with_an_explanation():
 def test_cores_plan_on_one_rank_is_the_whole_global_batch():
     trainer = _fit(lambda: DataLoader(RandomDataset(32, 64), batch_size=8), batch_sizes="cores")
     assert trainer.strategy.batch_sizes == [8]
+
+
+class _Failing(Controller):
+    name = "failing"
+
+    def update(self, batch_sizes, compute_s, limits, stats=None):
+        raise ZeroDivisionError("boom")
+
+
+def test_a_failing_controller_stops_training_with_its_error_named():
+    with (
+        pytest.warns(UserWarning, match="ZeroDivisionError: boom"),
+        pytest.raises(RuntimeError, match="_Failing controller failed on rank 0"),
+    ):
+        _fit(lambda: DataLoader(RandomDataset(32, 16), batch_size=4), controller=_Failing())
+
+
+class _Recording(Controller):
+    name = "recording"
+
+    def __init__(self):
+        self.calls = []
+
+    def update(self, batch_sizes, compute_s, limits, stats=None):
+        self.calls.append((list(batch_sizes), list(compute_s), stats))
+        return list(batch_sizes)
+
+
+def test_controller_gets_each_rank_s_resource_readings_and_they_are_logged():
+    controller = _Recording()
+    trainer = _fit(lambda: DataLoader(RandomDataset(32, 16), batch_size=4), controller=controller)
+    assert len(controller.calls) == 2
+    for plan, compute_s, stats in controller.calls:
+        assert plan == [4] and compute_s[0] > 0
+        assert len(stats) == 1 and isinstance(stats[0], RankStats)
+        reading = stats[0]
+        assert 0.0 < reading.memory_used < 1.0
+        assert 0.0 <= reading.cpu_available <= 1.0 and 0.0 < reading.memory_available < 1.0
+        assert reading.updates is None
+    used = [entry["memory_used"] for entry in trainer.strategy.history]
+    assert used == [[c[2][0].memory_used] for c in controller.calls]
