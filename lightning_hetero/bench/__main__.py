@@ -2,6 +2,7 @@
 
     python -m lightning_hetero.bench                      # HL1, HL2, HL4, HL8; 3 repeats
     python -m lightning_hetero.bench --levels HL4 --repeats 1 --epochs 5
+    python -m lightning_hetero.bench --simulate           # controllers on the simulator
 
 Every repeat runs both strategies back to back (alternating which goes first) on the
 same emulated cluster: 4 gloo ranks on this machine, each slowed by
@@ -20,7 +21,9 @@ from typing import Any
 from tqdm import tqdm
 
 from lightning_hetero.bench.run import launch
+from lightning_hetero.bench.simulate import DEFAULT_CONTROLLERS, simulate_report
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, SimulationResult, ideal_speedup
+from lightning_hetero.planning.scenarios import SCENARIOS
 
 #: Columns of the report, with how each is printed.
 COLUMNS = {
@@ -126,7 +129,28 @@ def main(argv: list[str] | None = None) -> None:
         "--skip", type=int, default=2, help="hetero epochs left out of the steady state"
     )
     parser.add_argument("--json", type=Path, help="also write the raw runs here")
+    simulated = parser.add_argument_group(
+        "simulator", "compare controllers on simulated clusters instead of training"
+    )
+    simulated.add_argument("--simulate", action="store_true", help="run the simulator report")
+    simulated.add_argument(
+        "--controllers",
+        nargs="+",
+        default=DEFAULT_CONTROLLERS,
+        metavar="SPEC",
+        help="controllers as name[:option=value,...], e.g. lbbsp:predictor=narx",
+    )
+    simulated.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    simulated.add_argument("--seeds", type=int, default=5, help="noise seeds per scenario")
     args = parser.parse_args(argv)
+    if args.simulate:
+        if args.seeds < 1:
+            parser.error("need --seeds >= 1")
+        try:
+            print(simulate_report(args.controllers, args.scenarios, range(args.seeds)))
+        except ValueError as err:
+            parser.error(str(err))
+        return
     if args.repeats < 1 or args.epochs <= args.skip:
         parser.error("need --repeats >= 1 and --epochs > --skip")
     with tempfile.TemporaryDirectory() as tmp:

@@ -149,6 +149,9 @@ class ScenarioReport:
             never got there.
         plan_changes: boundaries at which the plan changed, over the whole run.
         mean_step_s: mean true (noise-free) step time, ``max_k t_k``, over the run.
+        run_efficiency: the optimal step time summed over the run, over the true step time
+            summed over the run: the fraction of the best possible speed the controller
+            delivered, convergence included.
     """
 
     scenario: str
@@ -159,6 +162,7 @@ class ScenarioReport:
     boundaries_to_balance: int | None
     plan_changes: int
     mean_step_s: float
+    run_efficiency: float
     result: SimulationResult = field(repr=False)
 
 
@@ -194,7 +198,8 @@ def run_scenario(
         )
 
     step_s = [max(sim.true_step_s(plan, i)) for i, plan in enumerate(result.plans)]
-    efficiency = [sim.optimal_step_s(limits, i) / t for i, t in enumerate(step_s)]
+    optimal = [sim.optimal_step_s(limits, i) for i in range(len(step_s))]
+    efficiency = [best / t for best, t in zip(optimal, step_s, strict=True)]
     ends = [*scenario.changes[1:], scenario.boundaries]
     steady: list[int] = []
     worst: int | None = 0
@@ -212,5 +217,6 @@ def run_scenario(
         boundaries_to_balance=worst,
         plan_changes=result.adjustments,
         mean_step_s=fmean(step_s),
+        run_efficiency=sum(optimal) / sum(step_s),
         result=result,
     )
