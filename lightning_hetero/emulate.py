@@ -2,7 +2,7 @@
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -24,15 +24,27 @@ class Throttle(Callback):
         sample_cost: seconds per sample, one entry per global rank; or a mapping
             ``{epoch: [costs]}`` whose latest entry at or before the current epoch
             applies (epochs before the first entry run unthrottled).
+        unit: what the keys of a ``sample_cost`` mapping count: ``"epoch"``, or ``"step"``
+            (the trainer's ``global_step``, i.e. optimizer steps), to change speeds in the
+            middle of an epoch.
 
     Example:
         >>> Throttle(sample_cost=[0.004, 0.004, 0.006, 0.0015]).cost(rank=2, epoch=0)
         0.006
         >>> Throttle(sample_cost={0: [0.001, 0.001], 3: [0.001, 0.01]}).cost(rank=1, epoch=5)
         0.01
+        >>> Throttle({0: [0.001, 0.001], 40: [0.001, 0.01]}, unit="step").cost(rank=1, epoch=39)
+        0.001
     """
 
-    def __init__(self, sample_cost: Sequence[float] | Mapping[int, Sequence[float]]) -> None:
+    def __init__(
+        self,
+        sample_cost: Sequence[float] | Mapping[int, Sequence[float]],
+        unit: Literal["epoch", "step"] = "epoch",
+    ) -> None:
+        if unit not in ("epoch", "step"):
+            raise ValueError(f"`unit` must be 'epoch' or 'step', got {unit!r}.")
+        self.unit = unit
         schedule = dict(sample_cost) if isinstance(sample_cost, Mapping) else {0: sample_cost}
         if not schedule:
             raise ValueError("`sample_cost` is empty.")
@@ -41,7 +53,8 @@ class Throttle(Callback):
             costs = [float(c) for c in costs]
             if int(epoch) < 0 or not costs or any(c < 0 for c in costs):
                 raise ValueError(
-                    f"Epochs and costs must be >= 0 and non-empty, got {epoch}: {costs}."
+                    f"{unit.capitalize()}s and costs must be >= 0 and non-empty,"
+                    f" got {epoch}: {costs}."
                 )
             self.schedule[int(epoch)] = costs
         sizes = {len(c) for c in self.schedule.values()}
@@ -50,7 +63,7 @@ class Throttle(Callback):
         self._batch_size = 0
 
     def cost(self, rank: int, epoch: int) -> float:
-        """Seconds per sample for ``rank`` during ``epoch``."""
+        """Seconds per sample for ``rank`` during ``epoch`` (a step when ``unit="step"``)."""
         costs: list[float] | None = None
         for start, entry in self.schedule.items():
             if start <= epoch:
@@ -79,6 +92,7 @@ class Throttle(Callback):
     def on_before_backward(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Any
     ) -> None:
-        delay = self.cost(trainer.global_rank, trainer.current_epoch) * self._batch_size
+        when = trainer.current_epoch if self.unit == "epoch" else trainer.global_step
+        delay = self.cost(trainer.global_rank, when) * self._batch_size
         if delay > 0:
             time.sleep(delay)

@@ -1,4 +1,7 @@
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from lightning_hetero.emulate import Throttle
 
@@ -26,3 +29,22 @@ def test_bad_costs_are_refused(bad):
 def test_rank_without_a_cost_is_refused():
     with pytest.raises(ValueError, match="rank 2"):
         Throttle([0.1, 0.2]).cost(rank=2, epoch=0)
+
+
+def test_bad_unit_is_refused():
+    with pytest.raises(ValueError, match="'epoch' or 'step'"):
+        Throttle([0.1], unit="batch")
+
+
+@pytest.mark.parametrize(("unit", "expected"), [("epoch", [0, 0, 0]), ("step", [0, 0.5, 0.5])])
+def test_schedule_keys_count_epochs_or_global_steps(monkeypatch, unit, expected):
+    throttle = Throttle({0: [0.0], 7: [0.05]}, unit=unit)
+    delays = []
+    for step in (6, 7, 8):  # all in epoch 0, ten samples per batch
+        slept = []
+        monkeypatch.setattr("lightning_hetero.emulate.time.sleep", slept.append)
+        trainer = SimpleNamespace(global_rank=0, current_epoch=0, global_step=step)
+        throttle.on_train_batch_start(trainer, None, torch.zeros(10, 3), 0)
+        throttle.on_before_backward(trainer, None, None)
+        delays.append(sum(slept))
+    assert delays == pytest.approx(expected)

@@ -36,6 +36,7 @@ class RunConfig:
     epochs: int = 4
     batch_size: int = 32  # per rank under uniform DDP; B = batch_size * workers
     controller: str = "proportional"
+    controller_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"predictor": "narx"}
     batch_sizes: str | list[int] = "uniform"
     adjust_every: str | int = "epoch"
     weighted: bool = True
@@ -82,12 +83,16 @@ def run(config: RunConfig) -> dict[str, Any]:
     """Train as configured; returns (and on rank 0 writes) the summary."""
     from lightning_hetero import HeteroStrategy
     from lightning_hetero.emulate import Throttle
+    from lightning_hetero.planning import CONTROLLERS, Controller
 
     torch.set_num_threads(1)  # several ranks share the machine's cores
     pl.seed_everything(config.seed, workers=True, verbose=False)
     if config.strategy == "hetero":
+        controller: str | Controller = config.controller
+        if config.controller_options:
+            controller = CONTROLLERS[config.controller](**config.controller_options)
         strategy: DDPStrategy = HeteroStrategy(
-            controller=config.controller,
+            controller=controller,
             batch_sizes=config.batch_sizes,
             adjust_every=config.adjust_every,
             weighted=config.weighted,
