@@ -33,6 +33,7 @@ class RunConfig:
     strategy: str = "hetero"  # "hetero" or "ddp"
     workers: int = 4
     sample_cost: list[float] | dict[str, list[float]] | None = None
+    throttle_unit: str = "epoch"  # what the keys of a sample_cost mapping count: epoch or step
     epochs: int = 4
     batch_size: int = 32  # per rank under uniform DDP; B = batch_size * workers
     controller: str = "proportional"
@@ -109,7 +110,7 @@ def run(config: RunConfig) -> dict[str, Any]:
         cost = config.sample_cost
         if isinstance(cost, dict):
             cost = {int(epoch): costs for epoch, costs in cost.items()}
-        callbacks.append(Throttle(cost))
+        callbacks.append(Throttle(cost, unit=config.throttle_unit))  # type: ignore[arg-type]
     if config.checkpoint_dir:
         callbacks.append(
             ModelCheckpoint(dirpath=config.checkpoint_dir, save_last=True, save_top_k=0)
