@@ -21,7 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from lightning_hetero.bench.run import launch
-from lightning_hetero.bench.simulate import DEFAULT_CONTROLLERS, simulate_report
+from lightning_hetero.bench.simulate import DEFAULT_CONTROLLERS, simulate_report, split_spec
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, SimulationResult, ideal_speedup
 from lightning_hetero.planning.scenarios import SCENARIOS
 
@@ -33,7 +33,7 @@ COLUMNS = {
     "fraction_measured": "speedup / ideal from measured speeds",
     "balance": "balance efficiency E at the last boundary",
     "adjustments_to_095": "adjustments until E >= 0.95",
-    "overhead": "boundary (gather + controller) time per step / step time",
+    "overhead": "time spent at boundaries (gather + controller + broadcast) / training time",
 }
 
 
@@ -42,9 +42,18 @@ def _steady(epoch_s: list[float], skip: int) -> float:
 
 
 def measure(
-    levels: list[str], repeats: int, epochs: int, base_cost: float, workdir: Path
+    levels: list[str],
+    repeats: int,
+    epochs: int,
+    base_cost: float,
+    workdir: Path,
+    hetero_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every level ``repeats`` times with both strategies; returns the raw run summaries."""
+    """Run every level ``repeats`` times with both strategies; returns the raw run summaries.
+
+    ``hetero_options`` are extra :class:`~lightning_hetero.bench.run.RunConfig` fields for
+    the HeteroStrategy runs, e.g. ``{"adjust_every": 1}``.
+    """
     raw: dict[str, list[dict[str, Any]]] = {}
     total = len(levels) * repeats * 2
     with tqdm(total=total, desc="benchmark runs", unit="run") as progress:
@@ -58,7 +67,10 @@ def measure(
                 order = ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp")
                 for name in order:
                     progress.set_postfix_str(f"{level} {name} #{repeat + 1}")
-                    pair[name] = launch({**common, "strategy": name, "seed": repeat}, workdir)
+                    config = {**common, "strategy": name, "seed": repeat}
+                    if name == "hetero":
+                        config.update(hetero_options or {})
+                    pair[name] = launch(config, workdir)
                     progress.update()
                 raw[level].append(pair)
     return raw
@@ -77,7 +89,7 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
         [b / t for b, t in zip(first["batch_sizes"], first["compute_times"])]
     )
     to_095 = SimulationResult(history).adjustments_to_balance(0.95)
-    boundary_s = statistics.median(e["boundary_s"] for e in history)
+    boundaries_s = sum(e["boundary_s"] for e in history)
     return {
         "speedup": speedup,
         "ideal": ideal,
@@ -85,8 +97,8 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
         "fraction_measured": speedup / ideal_measured,
         "balance": history[-1]["balance"],
         "adjustments_to_095": float("nan") if to_095 is None else float(to_095),
-        # one boundary per epoch: its cost spread over the epoch's steps, relative to a step
-        "overhead": boundary_s / hetero_epoch,
+        # all boundaries' cost (gathering, controller, broadcast) over the training time
+        "overhead": boundaries_s / sum(hetero["epoch_s"]),
     }
 
 
@@ -128,6 +140,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--skip", type=int, default=2, help="hetero epochs left out of the steady state"
     )
+    parser.add_argument(
+        "--adjust-every",
+        default="epoch",
+        help="HeteroStrategy(adjust_every=...): 'epoch' or a number of steps",
+    )
+    parser.add_argument(
+        "--controller",
+        default="proportional",
+        metavar="SPEC",
+        help="the hetero runs' controller, name[:option=value,...]",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw runs here")
     simulated = parser.add_argument_group(
         "simulator", "compare controllers on simulated clusters instead of training"
@@ -153,8 +176,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.repeats < 1 or args.epochs <= args.skip:
         parser.error("need --repeats >= 1 and --epochs > --skip")
+    adjust_every = args.adjust_every if args.adjust_every == "epoch" else int(args.adjust_every)
+    try:
+        name, options = split_spec(args.controller)
+    except ValueError as err:
+        parser.error(str(err))
+    hetero = {"adjust_every": adjust_every, "controller": name, "controller_options": options}
     with tempfile.TemporaryDirectory() as tmp:
-        raw = measure(args.levels, args.repeats, args.epochs, args.base_cost, Path(tmp))
+        raw = measure(args.levels, args.repeats, args.epochs, args.base_cost, Path(tmp), hetero)
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
     print(report(raw, args.skip))

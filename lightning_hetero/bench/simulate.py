@@ -16,10 +16,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from lightning_hetero.planning import CONTROLLERS, Controller, make_controller
+from lightning_hetero.planning import CONTROLLERS, Controller
 from lightning_hetero.planning.scenarios import SCENARIOS, ScenarioReport, run_scenario
 
-__all__ = ["DEFAULT_CONTROLLERS", "parse_spec", "simulate_report"]
+__all__ = ["DEFAULT_CONTROLLERS", "parse_spec", "simulate_report", "split_spec"]
 
 #: The controllers compared by default, as ``name[:option=value,...]`` specs.
 DEFAULT_CONTROLLERS = [
@@ -54,13 +54,12 @@ def _value(text: str) -> Any:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def parse_spec(spec: str) -> tuple[str, Callable[[], Controller]]:
-    """``"name:key=value,key=value"`` -> (label, factory of a fresh controller).
+def split_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"name:key=value,key=value"`` -> (name, options), checked by building it once.
 
     Example:
-        >>> label, factory = parse_spec("proportional:deadband=0.1")
-        >>> label, factory().deadband
-        ('proportional:deadband=0.1', 0.1)
+        >>> split_spec("proportional:deadband=0.1,learn_max_batch_size=false")
+        ('proportional', {'deadband': 0.1, 'learn_max_batch_size': False})
     """
     name, _, rest = spec.partition(":")
     if name not in CONTROLLERS:
@@ -71,8 +70,20 @@ def parse_spec(spec: str) -> tuple[str, Callable[[], Controller]]:
         if not sep:
             raise ValueError(f"Controller option {item!r} in {spec!r} must be `key=value`.")
         options[key.strip()] = _value(value.strip())
+    CONTROLLERS[name](**options)  # fail now on bad values, not halfway through a table
+    return name, options
+
+
+def parse_spec(spec: str) -> tuple[str, Callable[[], Controller]]:
+    """``"name:key=value,key=value"`` -> (label, factory of a fresh controller).
+
+    Example:
+        >>> label, factory = parse_spec("proportional:deadband=0.1")
+        >>> label, factory().deadband
+        ('proportional:deadband=0.1', 0.1)
+    """
+    name, options = split_spec(spec)
     cls = CONTROLLERS[name]
-    make_controller(name, **options)  # fail now on bad values, not halfway through the table
     return spec, lambda: cls(**options)
 
 
