@@ -5,6 +5,7 @@ tested in milliseconds against the :class:`ClusterSimulator`.
 """
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.memory import MemoryModel, probe_sizes
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.registry import CONTROLLERS, make_controller
 from lightning_hetero.planning.simulator import (
@@ -29,6 +30,7 @@ __all__ = [
     "BatchLimits",
     "ClusterSimulator",
     "Controller",
+    "MemoryModel",
     "PlanError",
     "ProportionalController",
     "RankStats",
@@ -40,5 +42,6 @@ __all__ = [
     "check_plan",
     "ideal_speedup",
     "make_controller",
+    "probe_sizes",
     "proportional_split",
 ]
