@@ -23,6 +23,8 @@ from lightning_hetero.planning.split import (
     proportional_split,
 )
 from lightning_hetero.planning.static import StaticController
+from lightning_hetero.planning.stepwise import StepwiseController
+from lightning_hetero.planning.updates import UpdatesController
 
 __all__ = [
     "CONTROLLERS",
@@ -37,7 +39,9 @@ __all__ = [
     "SimulatedWorker",
     "SimulationResult",
     "StaticController",
+    "StepwiseController",
     "TimingSmoother",
+    "UpdatesController",
     "balance_efficiency",
     "check_plan",
     "ideal_speedup",

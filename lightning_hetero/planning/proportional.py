@@ -3,12 +3,15 @@
 import warnings
 from collections.abc import Sequence
 from math import isfinite
+from statistics import fmean
 from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.split import balance_efficiency, proportional_split
 
 __all__ = ["ProportionalController"]
+
+_RENORMALIZATIONS = ("project", "omnilearn")
 
 
 class ProportionalController(Controller):
@@ -37,17 +40,33 @@ class ProportionalController(Controller):
       thresholds keep noise from triggering it: a rank grows *because* its last timing
       looked fast, so a small drop afterwards is expected even on a linear worker.
 
+    **Renormalisation.** ``renormalization="project"`` (the default) is the exact
+    bounded proportional split above. ``"omnilearn"`` reproduces paper 002 step by
+    step: Eq. 6 moves each rank to ``b_k * t_mean / t_k``; those targets sum to
+    ``B + dB``, and Eq. 8 subtracts the same ``dB / K`` from every rank. A rank pushed
+    past a bound is clamped to it and the amount clamped is shared equally by the
+    others (the same equal shift, repeated until no bound is crossed); the result is
+    rounded by largest fractional part, keeping ``B``. The equal shift is not a
+    proportional one, so from an unbalanced plan it overshoots and takes a few more
+    boundaries to settle than ``"project"``; the balanced plan is the same. The
+    dead-band and the learned maximums act the same way with either.
+
     Args:
         deadband: relative change below which the plan is kept, in ``[0, 1)``.
         throughput_drop: relative throughput loss that counts as a drop, in ``[0, 1)``;
             keep it well above the smoothed timing noise.
         learn_max_batch_size: apply the learned-maximum rule.
+        renormalization: how targets are brought back to the global batch: ``"project"``
+            (proportional split within the bounds) or ``"omnilearn"`` (paper 002, Eq. 8).
 
     Example:
         >>> from lightning_hetero.planning import BatchLimits
         >>> ctl = ProportionalController(deadband=0.05)
         >>> ctl.update([64, 64, 64, 64], [4.0, 4.0, 6.0, 1.5], BatchLimits.build(4, 256))
         [48, 48, 32, 128]
+        >>> paper = ProportionalController(renormalization="omnilearn")
+        >>> paper.update([64, 64, 64, 64], [4.0, 4.0, 6.0, 1.5], BatchLimits.build(4, 256))
+        [43, 43, 23, 147]
     """
 
     name = "proportional"
@@ -57,7 +76,12 @@ class ProportionalController(Controller):
         deadband: float = 0.05,
         throughput_drop: float = 0.1,
         learn_max_batch_size: bool = True,
+        renormalization: str = "project",
     ) -> None:
+        if renormalization not in _RENORMALIZATIONS:
+            raise ValueError(
+                f"`renormalization` must be one of {_RENORMALIZATIONS}, got {renormalization!r}."
+            )
         if not 0.0 <= deadband < 1.0:
             raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
         if not 0.0 <= throughput_drop < 1.0:
@@ -65,6 +89,7 @@ class ProportionalController(Controller):
         self.deadband = deadband
         self.throughput_drop = throughput_drop
         self.learn_max_batch_size = learn_max_batch_size
+        self.renormalization = renormalization
         self.learned_max: list[int | None] = []
         self.last_batch_sizes: list[int] = []
         self.last_throughput: list[float] = []
@@ -83,9 +108,14 @@ class ProportionalController(Controller):
         upper = self._upper_bounds(current, throughput, limits)
         self.last_batch_sizes, self.last_throughput = current, throughput
 
-        target = proportional_split(
-            throughput, limits.global_batch_size, limits.min_batch_size, upper
-        )
+        if self.renormalization == "omnilearn":
+            target = _omnilearn_split(
+                current, compute_s, limits.global_batch_size, limits.min_batch_size, upper
+            )
+        else:
+            target = proportional_split(
+                throughput, limits.global_batch_size, limits.min_batch_size, upper
+            )
         out_of_bounds = any(
             not lo <= b <= hi for b, lo, hi in zip(current, limits.min_batch_size, upper)
         )
@@ -132,3 +162,35 @@ class ProportionalController(Controller):
         self.learned_max = list(state.get("learned_max", []))
         self.last_batch_sizes = list(state.get("last_batch_sizes", []))
         self.last_throughput = list(state.get("last_throughput", []))
+
+
+def _omnilearn_split(
+    batch_sizes: Sequence[int],
+    compute_s: Sequence[float],
+    total: int,
+    lower: Sequence[int],
+    upper: Sequence[int],
+) -> list[int]:
+    """Paper 002's target: Eq. 6 per rank, then Eq. 8's equal shift back to ``total``."""
+    mean_s = fmean(compute_s)
+    # Eq. 6: b - T_k * (t_k - t_mean) with T_k = b / t_k, i.e. b * t_mean / t_k.
+    moved = [b * mean_s / t for b, t in zip(batch_sizes, compute_s)]
+
+    def shifted(shift: float) -> list[float]:
+        return [min(max(x - shift, lo), hi) for x, lo, hi in zip(moved, lower, upper)]
+
+    # Eq. 8: subtract dB / K from every rank. Where that crosses a bound, find the common
+    # shift that makes the clamped plan sum to the total (the sum falls as the shift grows).
+    shares = shifted((sum(moved) - total) / len(moved))
+    if abs(sum(shares) - total) > 1e-9 * total:
+        low = min(x - hi for x, hi in zip(moved, upper))
+        high = max(x - lo for x, lo in zip(moved, lower))
+        for _ in range(200):
+            mid = 0.5 * (low + high)
+            if sum(shifted(mid)) > total:
+                low = mid
+            else:
+                high = mid
+        shares = shifted(high)
+    # The shares already sum to the total: proportional_split only rounds them.
+    return proportional_split(shares, total, lower, upper)

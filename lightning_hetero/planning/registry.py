@@ -6,6 +6,8 @@ from typing import Any
 from lightning_hetero.planning.base import Controller
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.static import StaticController
+from lightning_hetero.planning.stepwise import StepwiseController
+from lightning_hetero.planning.updates import UpdatesController
 
 __all__ = ["CONTROLLERS", "make_controller"]
 
@@ -13,6 +15,8 @@ __all__ = ["CONTROLLERS", "make_controller"]
 CONTROLLERS: dict[str, type[Controller]] = {
     StaticController.name: StaticController,
     ProportionalController.name: ProportionalController,
+    StepwiseController.name: StepwiseController,
+    UpdatesController.name: UpdatesController,
 }
 
 
