@@ -1,0 +1,44 @@
+"""Every controller on 4 emulated gloo ranks, and a speed change in the middle of an epoch."""
+
+
+from lightning_hetero.planning import HETEROGENEITY_LEVELS, proportional_split
+from tests.e2e.launch import run_training
+
+GLOBAL_BATCH = 4 * 32
+STEPS_PER_EPOCH = 12  # digits training split / 128
+
+
+def _cost(level: str) -> list[float]:
+    # 36 ms per sample on a 1-core worker: the emulated cost dwarfs the real compute.
+    return [0.036 / cores for cores in HETEROGENEITY_LEVELS[level]]
+
+
+def _within(plan: list[int], level: str, tolerance: float) -> bool:
+    ideal = proportional_split(HETEROGENEITY_LEVELS[level], GLOBAL_BATCH)
+    return all(abs(got - want) <= tolerance * want for got, want in zip(plan, ideal))
+
+
+def test_speed_change_mid_epoch_is_absorbed_within_a_few_boundaries(tmp_path):
+    change_step = 18  # the middle of the second epoch
+    summary = run_training(
+        tmp_path,
+        strategy="hetero",
+        workers=4,
+        sample_cost={"0": _cost("HL4"), str(change_step): _cost("HL8")},
+        throttle_unit="step",
+        epochs=3,
+        adjust_every=2,
+        validate=False,
+    )
+    history = summary["history"]
+    assert [e["step"] for e in history] == list(range(2, 3 * STEPS_PER_EPOCH + 1, 2))
+    before = [e for e in history if e["step"] <= change_step]
+    after = [e for e in history if e["step"] > change_step]
+    assert _within(before[-1]["next_batch_sizes"], "HL4", 0.2), before[-1]
+    # the plan is HL8's within 4 boundaries (8 steps) of the change, in the same epoch
+    absorbed = next(i for i, e in enumerate(after) if _within(e["next_batch_sizes"], "HL8", 0.2))
+    assert absorbed < 4, [e["next_batch_sizes"] for e in after]
+    assert after[absorbed]["step"] < 2 * STEPS_PER_EPOCH
+    assert _within(summary["batch_sizes"], "HL8", 0.2), [
+        (e["step"], e["next_batch_sizes"], e["balance"]) for e in history
+    ]
