@@ -11,6 +11,7 @@ import pytest
 
 from lightning_hetero.planning.base import BatchLimits
 from lightning_hetero.planning.proportional import ProportionalController
+from lightning_hetero.planning.registry import make_controller
 from lightning_hetero.planning.simulator import (
     HETEROGENEITY_LEVELS,
     ClusterSimulator,
@@ -380,3 +381,90 @@ def test_learned_max_after_speed_change_is_last_size_that_fit() -> None:
     assert max(plan[3] for plan in result.plans) > 150
     assert controller.learned_max == [None, None, None, 128]
     assert all(plan[3] <= 128 for plan in result.plans[7:])
+
+
+# --- OmniLearn renormalisation (paper 002, Eqs. 6 and 8) ---------------------------------------
+
+
+def omnilearn(**kwargs: float) -> ProportionalController:
+    return ProportionalController(renormalization="omnilearn", **kwargs)
+
+
+def test_default_renormalization_is_the_bounded_projection() -> None:
+    assert ProportionalController().renormalization == "project"
+
+
+def test_omnilearn_subtracts_the_same_excess_from_every_rank() -> None:
+    # Eq. 6: t_mean = 3.875, so 64 * 3.875 / t = [62, 62, 41.33, 165.33], summing to 330.67;
+    # Eq. 8: each rank gives back 74.67 / 4 = 18.67 -> [43.33, 43.33, 22.67, 146.67];
+    # rounding hands the two missing samples to the largest fractions (ranks 2 and 3)
+    plan = omnilearn().update(UNIFORM, [4.0, 4.0, 6.0, 1.5], BatchLimits.build(4, GLOBAL_BATCH))
+    assert plan == [43, 43, 23, 147]
+
+
+def test_omnilearn_shares_what_a_maximum_clamps_equally_among_the_others() -> None:
+    # rank 3's 146.67 is clamped to 140; the 6.67 samples go 2.22 to each other rank:
+    # [45.56, 45.56, 24.89, 140] -> rank 2, then rank 0 (tie with rank 1) round up
+    limits = BatchLimits.build(4, GLOBAL_BATCH, max_batch_size=140)
+    assert omnilearn().update(UNIFORM, [4.0, 4.0, 6.0, 1.5], limits) == [46, 45, 25, 140]
+
+
+@pytest.mark.parametrize(("lower", "expected"), [(1, [15, 14, 1]), (3, [14, 13, 3])])
+def test_omnilearn_clamps_a_rank_pushed_below_its_minimum(lower: int, expected: list[int]) -> None:
+    # Eq. 6 gives [20, 20, 5]; Eq. 8 subtracts 5 each: [15, 15, 0]. Rank 2 is clamped to its
+    # minimum and the others give up the difference equally: [14.5, 14.5, 1] or [13.5, 13.5, 3]
+    limits = BatchLimits.build(3, 30, min_batch_size=lower)
+    assert omnilearn().update([10, 10, 10], [1.0, 1.0, 4.0], limits) == expected
+
+
+def test_omnilearn_differs_from_the_proportional_projection() -> None:
+    # Eq. 6: [37.5, 75]; Eq. 8: minus 6.25 each -> [31.25, 68.75]; projection: [33.3, 66.7]
+    limits = BatchLimits.build(2, 100)
+    assert omnilearn().update([50, 50], [1.0, 0.5], limits) == [31, 69]
+    assert ProportionalController().update([50, 50], [1.0, 0.5], limits) == [33, 67]
+
+
+def test_omnilearn_keeps_a_balanced_plan_and_honours_the_deadband() -> None:
+    limits = BatchLimits.build(2, 100)
+    assert omnilearn().update([60, 40], [2.0, 2.0], limits) == [60, 40]
+    # Eqs. 6 and 8 give [50.76, 49.24] -> [51, 49]: 2% away from the plan
+    assert omnilearn(deadband=0.0).update([50, 50], [1.0, 1.0 / 0.97], limits) == [51, 49]
+    assert omnilearn(deadband=0.05).update([50, 50], [1.0, 1.0 / 0.97], limits) == [50, 50]
+
+
+def test_unknown_renormalization_raises() -> None:
+    with pytest.raises(ValueError, match="`renormalization` must be one of"):
+        ProportionalController(renormalization="scale")
+
+
+def test_renormalization_is_selectable_by_name() -> None:
+    controller = make_controller("proportional", renormalization="omnilearn")
+    assert isinstance(controller, ProportionalController)
+    assert controller.renormalization == "omnilearn"
+
+
+def test_omnilearn_random_updates_sum_to_global_batch_and_respect_bounds() -> None:
+    rng = random.Random(2)
+    for _ in range(200):
+        world_size = rng.randint(1, 16)
+        lower = rng.randint(1, 8)
+        upper = lower + rng.randint(0, 200)
+        global_batch = rng.randint(world_size * lower, world_size * upper)
+        limits = BatchLimits.build(world_size, global_batch, lower, upper)
+        current = proportional_split(
+            [rng.uniform(0.5, 2.0) for _ in range(world_size)],
+            global_batch,
+            limits.min_batch_size,
+            limits.max_batch_size,
+        )
+        compute_s = [rng.uniform(0.01, 5.0) for _ in range(world_size)]
+        plan = omnilearn(deadband=rng.choice([0.0, 0.05, 0.2])).update(current, compute_s, limits)
+        assert sum(plan) == global_batch
+        assert all(lower <= b <= upper for b in plan)
+
+
+@pytest.mark.parametrize("level", HETEROGENEOUS_LEVELS)
+def test_omnilearn_settles_on_the_same_split_as_the_projection(level: str) -> None:
+    result = run_level(level, boundaries=40, controller=omnilearn(deadband=0.0))
+    assert all(abs(b - x) < 1 for b, x in zip(result.plans[-1], ideal_split(level)))
+    assert result.balance[-1] > 0.99
