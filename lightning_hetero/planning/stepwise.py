@@ -34,7 +34,9 @@ class StepwiseController(Controller):
     switches for good to the *fine-tune* phase (``fine_step``, ``fine_window``). An
     oscillation is a boundary at which the rank that gained samples in the latest move
     is now the straggler, or the rank that gave them is now the leader: the last move
-    overshot the balance point.
+    overshot the balance point. As in the paper there is no way back: after a later
+    change of speeds the controller still moves ``fine_step`` samples per ``fine_window``
+    boundaries.
 
     When a move is due but the straggler cannot give a full step without its batch
     falling to zero or below its minimum, it gives what its minimum allows and a
@@ -46,6 +48,8 @@ class StepwiseController(Controller):
     is an iteration, as in the paper; with coarser boundaries the controller takes
     proportionally longer (``fast_window * (b_straggler - b_balanced) / fast_step``
     boundaries at least), which is why :class:`ProportionalController` is the default.
+    A plan that breaks the limits (new bounds, a plan set by hand) is first projected
+    onto them, keeping its proportions, and the window starts afresh.
 
     Args:
         fast_step: samples moved per move in the fast-approach phase (paper: 5).
