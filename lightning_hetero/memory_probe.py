@@ -160,16 +160,16 @@ def probe_memory(
 
     ``step`` does the work of one training step at batch size ``b`` on ``device``:
     typically a real batch of ``b`` samples through forward, backward and the optimizer
-    step. It keeps no references to its tensors once it returns. Wrap probing in
+    step. It must keep no references to its tensors once it returns. Wrap probing in
     :func:`preserved_state` so that it leaves the model and optimizer as they were.
 
     Each peak is counted from the memory in use when probing began, so what the first
     step creates and keeps (gradients, optimizer moments) is part of every measurement,
-    as it is part of training. Sizes run in ascending order, so a step that runs out of
-    memory (:func:`is_out_of_memory`) can end probing: the error is recorded, the
-    memory freed (and the CUDA cache emptied), and the larger sizes skipped. Once two sizes
-    have run, a size whose predicted memory exceeds the budget is skipped too, so the
-    probe does not provoke the failure (on Linux an exhausted host tends to end the
+    as it is part of training. Sizes run in ascending order, so the first one that runs
+    out of memory (:func:`is_out_of_memory`) ends probing: the error is recorded, the
+    memory freed (and the CUDA cache emptied), and the larger sizes skipped. Once two
+    sizes have run, a size whose predicted memory exceeds the budget is skipped too, so
+    the probe does not provoke the failure (on Linux an exhausted host tends to end the
     process rather than raise). Any other error propagates.
 
     Args:
