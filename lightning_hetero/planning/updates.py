@@ -6,7 +6,7 @@ from statistics import fmean
 from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
-from lightning_hetero.planning.split import proportional_split
+from lightning_hetero.planning.split import balance_efficiency, proportional_split
 
 __all__ = ["UpdatesController"]
 
@@ -58,6 +58,12 @@ class UpdatesController(Controller):
         megabatch_size: samples in one mega-batch for derived counts; ``None`` means ten
             global batches. It matters only with a fixed ``beta`` (the gain depends on
             ``beta * megabatch_size``).
+        deadband: keep the plan while the measured balance efficiency is at least
+            ``1 - deadband``. (Unlike the proportional controller, moves are not also required
+            to exceed ``deadband * b_k``: this rule closes the gap in shrinking steps, which
+            would stop short.) Paper 004 has none (``0.0``, the default here);
+            ``HeteroStrategy(controller="updates")`` passes its own ``deadband`` (0.05), which
+            stops the small moves timing noise causes at nearly every boundary.
 
     Example:
         >>> from lightning_hetero.planning import BatchLimits
@@ -70,7 +76,11 @@ class UpdatesController(Controller):
 
     name = "updates"
 
-    def __init__(self, beta: float | None = None, megabatch_size: int | None = None) -> None:
+    def __init__(
+        self, beta: float | None = None, megabatch_size: int | None = None, deadband: float = 0.0
+    ) -> None:
+        if not 0.0 <= deadband < 1.0:
+            raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
         if beta is not None and (
             isinstance(beta, bool)
             or not isinstance(beta, (int, float))
@@ -88,6 +98,7 @@ class UpdatesController(Controller):
             )
         self.beta = None if beta is None else float(beta)
         self.megabatch_size = megabatch_size
+        self.deadband = deadband
         #: Learning-rate factor ``b_new / b_old`` of each rank from the latest update.
         self.lr_factors: list[float] = []
         #: Update counts the latest update used (reported or derived).
@@ -154,6 +165,8 @@ class UpdatesController(Controller):
         plan = proportional_split(
             moved, limits.global_batch_size, limits.min_batch_size, limits.max_batch_size
         )
+        if self.deadband > 0 and balance_efficiency(current, compute_s) >= 1.0 - self.deadband:
+            plan = current  # balanced within the dead-band: keep the plan
         self.last_updates = updates
         self.lr_factors = [new / old for new, old in zip(plan, current)]
         return plan

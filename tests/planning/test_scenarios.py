@@ -51,6 +51,7 @@ FACTORIES: dict[str, Callable[[], Controller]] = {
     "omnilearn": lambda: ProportionalController(renormalization="omnilearn"),
     "stepwise": StepwiseController,
     "updates": UpdatesController,
+    "updates-deadband": lambda: UpdatesController(deadband=0.05),
 }
 
 # fmt: off
@@ -93,6 +94,14 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("updates", "gpu"): Expected(0.97, 6, (6, 16)),
     # timing alone: the capped rank's time rises past its cap, so it settles at the optimum
     ("updates", "memory"): Expected(0.96, 4, (12, 26)),
+    # with HeteroStrategy's dead-band: as fast, about half the plan changes
+    ("updates-deadband", "HL2"): Expected(0.96, 4, (2, 5)),
+    ("updates-deadband", "HL4"): Expected(0.95, 6, (3, 8)),
+    ("updates-deadband", "HL8"): Expected(0.95, 8, (4, 10)),
+    ("updates-deadband", "steps"): Expected(0.95, 10, (15, 30)),
+    ("updates-deadband", "noisy"): Expected(0.95, 9, (6, 18)),
+    ("updates-deadband", "gpu"): Expected(0.96, 6, (3, 8)),
+    ("updates-deadband", "memory"): Expected(0.94, 4, (2, 9)),
 }
 # fmt: on
 

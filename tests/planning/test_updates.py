@@ -235,3 +235,18 @@ def test_reported_counts_of_a_megabatch_schedule_even_out() -> None:
         counts = megabatch_counts(plan, samples_per_s, 2560)
     assert max(counts) - min(counts) <= 1
     assert all(abs(b - x) <= 3 for b, x in zip(plan, [48, 48, 32, 128]))
+
+
+def test_deadband_keeps_a_plan_whose_measured_balance_is_within_it():
+    limits = BatchLimits.build(2, 128)
+    # E = 0.96 on [64, 64] with times [1.0, 1.08]: kept with a 5% dead-band, moved without
+    assert UpdatesController(deadband=0.05).update([64, 64], [1.0, 1.08], limits) == [64, 64]
+    assert UpdatesController().update([64, 64], [1.0, 1.08], limits) != [64, 64]
+    # E = 0.5: moved either way
+    assert UpdatesController(deadband=0.05).update([64, 64], [1.0, 3.0], limits) != [64, 64]
+
+
+@pytest.mark.parametrize("deadband", [-0.1, 1.0])
+def test_bad_deadband_is_refused(deadband):
+    with pytest.raises(ValueError, match="deadband"):
+        UpdatesController(deadband=deadband)
