@@ -1,0 +1,207 @@
+"""LB-BSP: batch sizes proportional to each rank's *predicted* speed (paper 001, Alg. 1)."""
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.predictors import (
+    PREDICTORS,
+    EMAPredictor,
+    NARXPredictor,
+    SpeedPredictor,
+)
+from lightning_hetero.planning.split import proportional_split
+
+__all__ = ["LBBSPController"]
+
+
+class LBBSPController(Controller):
+    """Split the global batch in proportion to each rank's predicted speed.
+
+    At every boundary rank ``k`` has processed ``b_k`` samples per step in ``t_k``
+    seconds, a speed ``v_k = b_k / t_k``. A predictor per rank turns the speeds seen so
+    far (and, for ``"narx"``, the CPU and memory readings in ``stats``) into the speed
+    ``v_hat_k`` expected in the next interval, and the next plan is (paper 001, Alg. 1)::
+
+        x_k = B * v_hat_k / sum_j v_hat_j
+
+    rounded to integers that sum to ``B`` and kept within the per-rank bounds
+    (:func:`~lightning_hetero.planning.proportional_split`).
+
+    Predictors (:mod:`~lightning_hetero.planning.predictors`): ``"last"`` (the last speed),
+    ``"ema"`` (an exponential moving average with weight ``alpha``) and ``"narx"`` (a small
+    network per rank trained online on speeds and resource readings; the EMA until it is
+    trained). A prediction that is not a finite positive speed is replaced by the EMA of
+    that rank's speeds, with a warning.
+
+    Paper 001 re-plans every iteration. Here a **dead-band** keeps the plan unless the new
+    one is predicted to shorten the step, ``max_k x_k / v_hat_k``, by more than
+    ``deadband`` (relative): re-planning has a cost (timings restart, prefetched batches
+    keep the old size) and one-sample moves from noise buy nothing. ``deadband=0``
+    re-plans whenever the predicted step gets shorter at all, as the paper does. A plan
+    that breaks the limits is always replaced.
+
+    Args:
+        predictor: ``"last"``, ``"ema"``, ``"narx"``, or a callable returning a new
+            :class:`~lightning_hetero.planning.predictors.SpeedPredictor` (one per rank).
+        alpha: weight of the latest speed in the EMA (the ``"ema"`` predictor and the
+            fallback), in ``(0, 1]``; paper 001 uses 0.2.
+        deadband: relative predicted step-time gain below which the plan is kept, in ``[0, 1)``.
+        hidden_size: NARX hidden units.
+        warmup: NARX samples before its first training; the EMA predicts until then.
+        window: NARX samples kept and trained on.
+        validation_fraction: newest share of the window NARX holds out for early stopping.
+        max_epochs: most NARX training epochs per boundary.
+        patience: NARX epochs without validation improvement before it stops.
+        learning_rate: NARX Adam step size.
+        weight_decay: NARX L2 penalty.
+        huber_delta: NARX loss: squared below this log-speed error, linear above.
+        seed: seed of the NARX initial weights.
+
+    Attributes:
+        predicted_speeds: the speeds (samples/s) the last plan was made from.
+
+    Example:
+        >>> from lightning_hetero.planning import BatchLimits
+        >>> ctl = LBBSPController(predictor="ema")
+        >>> ctl.update([64, 64, 64, 64], [4.0, 4.0, 6.0, 1.5], BatchLimits.build(4, 256))
+        [48, 48, 32, 128]
+    """
+
+    name = "lbbsp"
+
+    def __init__(
+        self,
+        predictor: str | Callable[[], SpeedPredictor] = "ema",
+        alpha: float = 0.2,
+        deadband: float = 0.05,
+        hidden_size: int = 8,
+        warmup: int = 20,
+        window: int = 200,
+        validation_fraction: float = 0.2,
+        max_epochs: int = 20,
+        patience: int = 3,
+        learning_rate: float = 0.01,
+        weight_decay: float = 1e-2,
+        huber_delta: float = 0.05,
+        seed: int = 0,
+    ) -> None:
+        if isinstance(predictor, str) and predictor not in PREDICTORS:
+            raise ValueError(
+                f"Unknown predictor {predictor!r}; expected one of {sorted(PREDICTORS)} or a"
+                " callable that returns a `SpeedPredictor`."
+            )
+        if not isinstance(predictor, str) and not callable(predictor):
+            raise ValueError(
+                f"`predictor` must be a name or a callable returning a `SpeedPredictor`, got"
+                f" {predictor!r}."
+            )
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"`alpha` must be in (0, 1], got {alpha}.")
+        if not 0.0 <= deadband < 1.0:
+            raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
+        self.predictor = predictor
+        self.alpha = alpha
+        self.deadband = deadband
+        self.narx_options = {
+            "hidden_size": hidden_size,
+            "warmup": warmup,
+            "window": window,
+            "validation_fraction": validation_fraction,
+            "max_epochs": max_epochs,
+            "patience": patience,
+            "learning_rate": learning_rate,
+            "weight_decay": weight_decay,
+            "huber_delta": huber_delta,
+            "seed": seed,
+        }
+        self._new_predictor()  # raises ValueError on bad options now rather than later
+        self.predictors: list[SpeedPredictor] = []
+        self.fallbacks: list[EMAPredictor] = []
+        self.predicted_speeds: list[float] = []
+
+    def _new_predictor(self) -> SpeedPredictor:
+        if self.predictor == "narx":
+            return NARXPredictor(alpha=self.alpha, **self.narx_options)
+        if self.predictor == "ema":
+            return EMAPredictor(self.alpha)
+        if isinstance(self.predictor, str):
+            return PREDICTORS[self.predictor]()
+        made = self.predictor()
+        if not isinstance(made, SpeedPredictor):
+            raise ValueError(f"The predictor factory returned {made!r}, not a `SpeedPredictor`.")
+        return made
+
+    def _reset(self, world_size: int) -> None:
+        self.predictors = [self._new_predictor() for _ in range(world_size)]
+        self.fallbacks = [EMAPredictor(self.alpha) for _ in range(world_size)]
+
+    def update(
+        self,
+        batch_sizes: Sequence[int],
+        compute_s: Sequence[float],
+        limits: BatchLimits,
+        stats: Sequence[RankStats] | None = None,
+    ) -> list[int]:
+        current = list(batch_sizes)
+        world_size = len(current)
+        if len(compute_s) != world_size or limits.world_size != world_size:
+            raise ValueError(
+                f"Expected one batch size, compute time and bound per rank, got {world_size},"
+                f" {len(compute_s)} and {limits.world_size}."
+            )
+        if not all(math.isfinite(t) and t > 0 for t in compute_s):
+            raise ValueError(f"Compute times must be finite and positive, got {list(compute_s)}.")
+        readings = list(stats) if stats is not None else [RankStats()] * world_size
+        if len(readings) != world_size:
+            raise ValueError(f"Expected {world_size} RankStats, got {len(readings)}.")
+        if len(self.predictors) != world_size:
+            self._reset(world_size)
+
+        predicted = []
+        for rank, (b, t, reading) in enumerate(zip(current, compute_s, readings)):
+            speed = b / t
+            self.predictors[rank].observe(speed, reading.cpu_available, reading.memory_available)
+            self.fallbacks[rank].observe(speed)
+            guess = self.predictors[rank].predict()
+            if not (math.isfinite(guess) and guess > 0):
+                fallback = self.fallbacks[rank].predict()
+                warnings.warn(
+                    f"Rank {rank}: the {getattr(self.predictors[rank], 'name', 'custom')!r}"
+                    f" predictor gave {guess!r}, not a positive finite speed; using the EMA"
+                    f" prediction {fallback:.6g} samples/s for this boundary.",
+                    stacklevel=2,
+                )
+                guess = fallback
+            predicted.append(guess)
+        self.predicted_speeds = predicted
+
+        target = proportional_split(
+            predicted, limits.global_batch_size, limits.min_batch_size, limits.max_batch_size
+        )
+        valid = sum(current) == limits.global_batch_size and all(
+            lo <= b <= hi
+            for b, lo, hi in zip(current, limits.min_batch_size, limits.max_batch_size)
+        )
+        if not valid:
+            return target
+        current_step_s = max(b / v for b, v in zip(current, predicted))
+        target_step_s = max(b / v for b, v in zip(target, predicted))
+        return target if target_step_s < (1.0 - self.deadband) * current_step_s else current
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "predictors": [p.state_dict() for p in self.predictors],
+            "fallbacks": [p.state_dict() for p in self.fallbacks],
+            "predicted_speeds": list(self.predicted_speeds),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._reset(len(state.get("predictors", [])))
+        for predictor, saved in zip(self.predictors, state.get("predictors", [])):
+            predictor.load_state_dict(saved)
+        for fallback, saved in zip(self.fallbacks, state.get("fallbacks", [])):
+            fallback.load_state_dict(saved)
+        self.predicted_speeds = [float(v) for v in state.get("predicted_speeds", [])]
