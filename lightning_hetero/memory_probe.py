@@ -219,6 +219,7 @@ def auto_max_batch_size(
     device: torch.device | str,
     safety: float = 0.9,
     cap: int | None = None,
+    share: int = 1,
 ) -> tuple[int | None, MemoryModel, ProbeResult]:
     """Probe, fit the memory model and return the largest batch size predicted to fit.
 
@@ -232,6 +233,8 @@ def auto_max_batch_size(
         safety: fraction of the budget to plan for, in ``(0, 1]``.
         cap: an upper limit from elsewhere; also the answer when memory does not grow
             with the batch (``None`` then means "no bound").
+        share: how many processes split the budget (ranks on one host for host memory,
+            ranks on one GPU); each plans for ``budget / share``.
 
     Returns:
         ``(max_batch_size, model, result)``: the bound (or ``cap``, see above), the fitted
@@ -253,6 +256,8 @@ def auto_max_batch_size(
         raise ValueError(f"`safety` must be in (0, 1], got {safety}.")
     if cap is not None and cap < 1:
         raise ValueError(f"`cap` must be >= 1 or None, got {cap}.")
+    if share < 1:
+        raise ValueError(f"`share` must be >= 1, got {share}.")
     result = probe_memory(step, sizes, device)
     if len(result.samples) < 2:
         ran = f"only {result.succeeded} ran" if result.samples else "none of them ran"
@@ -268,7 +273,7 @@ def auto_max_batch_size(
         )
     model = MemoryModel.fit(result.samples)
     try:
-        bound = model.max_batch_size(result.budget_bytes, safety, cap)
+        bound = model.max_batch_size(result.budget_bytes / share, safety, cap)
     except PlanError as error:
         raise PlanError(f"Memory probe on {result.device}, sizes {result.tried}: {error}") from None
     if result.failed_size is not None:

@@ -2,7 +2,8 @@
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -15,7 +16,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.data import _is_dataloader_shuffled
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
@@ -27,18 +28,34 @@ from lightning_hetero._comm import (
     WeightedHookState,
     weighted_allreduce_hook,
 )
+from lightning_hetero.memory_probe import auto_max_batch_size, preserved_state
 from lightning_hetero.planning import (
     BatchLimits,
     Controller,
     PlanError,
     check_plan,
     make_controller,
+    probe_sizes,
     proportional_split,
 )
+from lightning_hetero.planning.split import expand_bound
 from lightning_hetero.resources import available_cores, flops_or_nan
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
 __all__ = ["HeteroStrategy"]
+
+
+@contextmanager
+def _patched(obj: object, attributes: dict[str, Any]) -> Iterator[None]:
+    """Set instance attributes for the duration of the block (e.g. silence ``self.log``)."""
+    for name, value in attributes.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name in attributes:
+            delattr(obj, name)
+
 
 _MODES = ("bsp", "async", "local")
 _INITIAL_PLANS = ("uniform", "cores", "flops")
@@ -69,7 +86,17 @@ class HeteroStrategy(DDPStrategy):
         global_batch_size: ``B``; default: the sum of an explicit plan, else the training
             loader's ``batch_size`` times the world size.
         min_batch_size: smallest batch any rank may get.
-        max_batch_size: largest batch any rank may get (default: no limit but ``B``).
+        max_batch_size: largest batch any rank may get (default: no limit but ``B``): one
+            number, one per rank, or ``"auto"``: before training each rank measures the
+            peak memory of real training steps (forward, backward, optimizer step) at a
+            few batch sizes, fits ``memory = fixed + per_sample * b`` and takes the
+            largest ``b`` whose prediction stays under ``memory_safety`` of its free memory
+            (the GPU's on CUDA; on CPU the host's, split among the ranks on the host).
+            Model, optimizer and random state are put back after the probe.
+        memory_safety: fraction of the free memory ``max_batch_size="auto"`` plans for, in
+            ``(0, 1]``.
+        probe_batch_sizes: batch sizes ``max_batch_size="auto"`` probes (default: four
+            sizes doubling up to ``B``); sizes that would not fit are skipped or caught.
         deadband: relative change below which the plan is kept (controllers built by name).
         smoothing: EWMA factor of step times, in ``[0, 1)``; 0 keeps only the last step.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
@@ -92,7 +119,9 @@ class HeteroStrategy(DDPStrategy):
         batch_sizes: str | list[int] = "uniform",
         global_batch_size: int | None = None,
         min_batch_size: int = 1,
-        max_batch_size: int | None = None,
+        max_batch_size: int | list[int] | Literal["auto"] | None = None,
+        memory_safety: float = 0.9,
+        probe_batch_sizes: list[int] | None = None,
         deadband: float = 0.05,
         smoothing: float = 0.8,
         adjust_every: Literal["epoch"] | int = "epoch",
@@ -126,10 +155,25 @@ class HeteroStrategy(DDPStrategy):
             or min_batch_size < 1
         ):
             raise ValueError(f"`min_batch_size` must be an integer >= 1, got {min_batch_size!r}.")
-        if max_batch_size is not None and max_batch_size < min_batch_size:
+        if isinstance(max_batch_size, str) and max_batch_size != "auto":
+            raise ValueError(
+                f"`max_batch_size` must be an integer, a list, 'auto' or None, got"
+                f" {max_batch_size!r}."
+            )
+        uppers = [max_batch_size] if isinstance(max_batch_size, int) else max_batch_size
+        if isinstance(uppers, list) and any(hi < min_batch_size for hi in uppers):
             raise ValueError(
                 f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size`"
                 f" ({max_batch_size})."
+            )
+        if not 0.0 < memory_safety <= 1.0:
+            raise ValueError(f"`memory_safety` must be in (0, 1], got {memory_safety}.")
+        if probe_batch_sizes is not None and (
+            len(set(probe_batch_sizes)) < 2 or min(probe_batch_sizes) < 1
+        ):
+            raise ValueError(
+                "`probe_batch_sizes` needs at least two distinct sizes >= 1, got"
+                f" {probe_batch_sizes}."
             )
         if not 0.0 <= deadband < 1.0:
             raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
@@ -156,7 +200,9 @@ class HeteroStrategy(DDPStrategy):
                 size,
                 total=global_batch_size,
                 lower=[min_batch_size] * size,
-                upper=None if max_batch_size is None else [max_batch_size] * size,
+                upper=expand_bound(max_batch_size, size, sum(batch_sizes))
+                if max_batch_size not in (None, "auto")
+                else None,
             )
         if isinstance(controller, str):
             controller = make_controller(controller, deadband=deadband)
@@ -185,6 +231,10 @@ class HeteroStrategy(DDPStrategy):
         self._global_batch_size = global_batch_size
         self._min_batch_size = min_batch_size
         self._max_batch_size = max_batch_size
+        self.memory_safety = memory_safety
+        self.probe_batch_sizes = probe_batch_sizes
+        #: What ``max_batch_size="auto"`` found on this rank: the bound and the fitted model.
+        self.memory_probe: dict[str, Any] | None = None
         self._plan: list[int] | None = None
         self._limits: BatchLimits | None = None
         self._capacities: list[float] | None = None
@@ -221,7 +271,7 @@ class HeteroStrategy(DDPStrategy):
             )
         if self._global_batch_size is not None or isinstance(self._initial_plan, list):
             total = self._global_batch_size or sum(self._initial_plan)
-            BatchLimits.build(self.world_size, total, self._min_batch_size, self._max_batch_size)
+            BatchLimits.build(self.world_size, total, self._min_batch_size, self._upper_bound())
         from lightning_hetero.callback import HeteroCallback
 
         trainer = self.lightning_module.trainer
@@ -322,6 +372,8 @@ class HeteroStrategy(DDPStrategy):
             seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
             shuffle = isinstance(sampler, RandomSampler)
         if self._plan is None:
+            if self._max_batch_size == "auto" and self.memory_probe is None:
+                self._probe_memory(loader)
             self._plan = self._resolve_plan(loader.batch_size)
         epoch_sampler = EpochPermutation(len(loader.dataset), shuffle=shuffle, seed=seed)
         self.sampler = GlobalBatchSampler(
@@ -354,6 +406,75 @@ class HeteroStrategy(DDPStrategy):
             )
         return sliced
 
+    def _upper_bound(self) -> int | list[int] | None:
+        """Per-rank maximums: as given, or as measured by ``max_batch_size="auto"``."""
+        if self._max_batch_size != "auto":
+            return self._max_batch_size
+        if self.memory_probe is None:
+            return None  # not measured yet
+        return self.memory_probe["max_batch_sizes"]
+
+    def _probe_memory(self, loader: DataLoader) -> None:
+        """``max_batch_size="auto"``: measure each rank's memory bound and gather them all."""
+        module = self.lightning_module
+        if not module.automatic_optimization:
+            raise ValueError(
+                "max_batch_size='auto' runs training steps itself and needs automatic"
+                " optimization; set `max_batch_size` explicitly with manual optimization."
+            )
+        dataset = loader.dataset
+        total = self._global_batch_size or (loader.batch_size or 1) * self.world_size
+        largest = min(total, len(dataset))  # type: ignore[arg-type]
+        sizes = self.probe_batch_sizes or probe_sizes(largest)
+        optimizers = [*self.optimizers, *(c.scheduler for c in self.lr_scheduler_configs)]
+
+        def step(batch_size: int) -> None:
+            batch = loader.collate_fn([dataset[i] for i in range(batch_size)])
+            batch = self.batch_to_device(batch)
+            with self.precision_plugin.train_step_context():
+                output = module.training_step(batch, 0)
+            loss = output["loss"] if isinstance(output, dict) else output
+            if not isinstance(loss, torch.Tensor):
+                raise ValueError(
+                    "max_batch_size='auto' needs `training_step` to return the loss (or a"
+                    f" dict with 'loss'), got {type(output).__name__}."
+                )
+            loss.backward()
+            for optimizer in self.optimizers:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+        device = self.root_device
+        devices = self.parallel_devices or [device]
+        # ranks sharing what the probe measures: the GPU on CUDA, the host's memory on CPU
+        share = sum(d == device for d in devices) if device.type == "cuda" else len(devices)
+        quiet = {"log": lambda *a, **k: None, "log_dict": lambda *a, **k: None}
+        with preserved_state(module, optimizers), _patched(module, quiet):
+            bound, model, result = auto_max_batch_size(
+                step, sizes, device, safety=self.memory_safety, cap=total, share=share
+            )
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the probe's peak is not training's
+        bound = total if bound is None else bound
+        rows = self.gather_rows([bound, model.fixed_bytes, model.per_sample_bytes])
+        self.memory_probe = {
+            "max_batch_sizes": [int(row[0]) for row in rows],
+            "fixed_bytes": [row[1] for row in rows],
+            "per_sample_bytes": [row[2] for row in rows],
+            "budget_bytes": result.budget_bytes / share,
+            "relative_error": model.relative_error,
+            "samples": list(result.samples),
+        }
+        if model.relative_error > 0.1:
+            rank_zero_warn(
+                f"max_batch_size='auto': the linear memory fit is off by up to"
+                f" {model.relative_error:.0%} on rank 0's probe {list(result.samples)}."
+            )
+        rank_zero_info(
+            "max_batch_size='auto': per-rank maximum batch sizes"
+            f" {self.memory_probe['max_batch_sizes']} (probed {result.tried})."
+        )
+
     def _resolve_plan(self, loader_batch_size: int | None) -> list[int]:
         world_size = self.world_size
         initial = self._initial_plan
@@ -367,7 +488,16 @@ class HeteroStrategy(DDPStrategy):
                 )
             else:
                 total = loader_batch_size * world_size
-        limits = BatchLimits.build(world_size, total, self._min_batch_size, self._max_batch_size)
+        upper = self._upper_bound()
+        try:
+            limits = BatchLimits.build(world_size, total, self._min_batch_size, upper)
+        except PlanError as err:
+            if self._max_batch_size != "auto":
+                raise
+            raise PlanError(
+                f"max_batch_size='auto' measured per-rank maximums {upper}; {err} Lower the"
+                " global batch size, or free memory on the ranks."
+            ) from None
         self._limits = limits
         lower, upper = limits.min_batch_size, limits.max_batch_size
         if self._restored_plan is not None:

@@ -179,9 +179,15 @@ def test_auto_bound_uses_the_safety_fraction_of_the_budget(monkeypatch):
     # About (50 MiB - 2 MiB) / 64 KiB = 768 samples.
     assert bound == pytest.approx(768, rel=0.1)
     assert auto_max_batch_size(allocating_step("mmap"), SIZES, "cpu", cap=100)[0] == 100
+    # four ranks on the host: each plans for a quarter of the budget
+    shared, model, _ = auto_max_batch_size(allocating_step("mmap"), SIZES, "cpu", 0.5, share=4)
+    assert shared == model.max_batch_size(25.0 * MIB, safety=0.5)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"safety": 0.0}, "safety"), ({"cap": 0}, "cap")])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"safety": 0.0}, "safety"), ({"cap": 0}, "cap"), ({"share": 0}, "share")],
+)
 def test_bad_arguments_are_rejected_before_probing(kwargs, message):
     calls = []
     with pytest.raises(ValueError, match=message):

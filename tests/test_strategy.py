@@ -287,3 +287,59 @@ def test_controller_gets_each_rank_s_resource_readings_and_they_are_logged():
         assert reading.updates is None
     used = [entry["memory_used"] for entry in trainer.strategy.history]
     assert used == [[c[2][0].memory_used] for c in controller.calls]
+
+
+# ---------------------------------------------------------------- max_batch_size="auto"
+def _weights(trainer):
+    return [p.detach().clone() for p in trainer.lightning_module.parameters()]
+
+
+def test_auto_max_batch_size_probes_and_leaves_training_unchanged():
+    def loader():
+        return DataLoader(RandomDataset(32, 64), batch_size=8, shuffle=True)
+
+    torch.manual_seed(0)
+    plain = _fit(loader)
+    torch.manual_seed(0)
+    probed = _fit(loader, max_batch_size="auto", probe_batch_sizes=[2, 4, 8])
+    probe = probed.strategy.memory_probe
+    assert probe is not None and probe["max_batch_sizes"] == [8]  # capped at B
+    assert [size for size, _ in probe["samples"]] == [2, 4, 8]
+    assert probed.strategy.limits.max_batch_size == [8]
+    # the probe's steps left model, optimizer and random state as they were
+    for a, b in zip(_weights(plain), _weights(probed)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_auto_max_batch_size_bounds_each_rank_by_its_measured_memory(monkeypatch):
+    from lightning_hetero import memory_probe
+    from lightning_hetero.planning import MemoryModel
+
+    fitted = MemoryModel(fixed_bytes=1000.0, per_sample_bytes=100.0)
+    monkeypatch.setattr(memory_probe, "host_budget_bytes", lambda: 2000.0)
+    monkeypatch.setattr(memory_probe.MemoryModel, "fit", classmethod(lambda cls, s: fitted))
+    # 0.9 * 2000 = 1800 bytes -> (1800 - 1000) / 100 = 8 samples fit; B = 8 fits
+    trainer = _fit(lambda: DataLoader(RandomDataset(32, 64), batch_size=8), max_batch_size="auto")
+    assert trainer.strategy.memory_probe["max_batch_sizes"] == [8]
+    monkeypatch.setattr(memory_probe, "host_budget_bytes", lambda: 1500.0)
+    # 0.9 * 1500 = 1350 -> 3 samples fit, B = 8 does not
+    with pytest.raises(PlanError, match=r"max_batch_size='auto' measured per-rank maximums \[3\]"):
+        _fit(lambda: DataLoader(RandomDataset(32, 64), batch_size=8), max_batch_size="auto")
+    monkeypatch.setattr(memory_probe, "host_budget_bytes", lambda: 900.0)
+    with pytest.raises(PlanError, match="Memory probe on cpu.*Not even a batch of 1 fits"):
+        _fit(lambda: DataLoader(RandomDataset(32, 64), batch_size=8), max_batch_size="auto")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_batch_size": "big"}, "'auto'"),
+        ({"memory_safety": 0.0}, "memory_safety"),
+        ({"memory_safety": 1.5}, "memory_safety"),
+        ({"probe_batch_sizes": [4]}, "two distinct"),
+        ({"probe_batch_sizes": [0, 4]}, "two distinct"),
+    ],
+)
+def test_bad_memory_options_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HeteroStrategy(**kwargs)

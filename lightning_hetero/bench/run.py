@@ -153,6 +153,7 @@ def run(config: RunConfig) -> dict[str, Any]:
     if isinstance(strategy, HeteroStrategy):
         summary["batch_sizes"] = strategy.batch_sizes
         summary["history"] = strategy.history
+        summary["memory_probe"] = strategy.memory_probe
     if trainer.global_rank == 0 and config.result:
         Path(config.result).write_text(json.dumps(summary, indent=1))
     if torch.distributed.is_initialized():

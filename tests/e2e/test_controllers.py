@@ -1,6 +1,5 @@
 """Every controller on 4 emulated gloo ranks, and a speed change in the middle of an epoch."""
 
-
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, proportional_split
 from tests.e2e.launch import run_training
 
@@ -42,3 +41,23 @@ def test_speed_change_mid_epoch_is_absorbed_within_a_few_boundaries(tmp_path):
     assert _within(summary["batch_sizes"], "HL8", 0.2), [
         (e["step"], e["next_batch_sizes"], e["balance"]) for e in history
     ]
+
+
+def test_auto_max_batch_size_probes_on_every_gloo_rank_and_bounds_the_plan(tmp_path):
+    summary = run_training(
+        tmp_path,
+        strategy="hetero",
+        workers=4,
+        sample_cost=_cost("HL4"),
+        epochs=2,
+        validate=False,
+        extra={"max_batch_size": "auto", "probe_batch_sizes": [8, 16, 32, 64]},
+    )
+    probe = summary["memory_probe"]
+    assert len(probe["max_batch_sizes"]) == 4
+    assert all(1 <= bound <= GLOBAL_BATCH for bound in probe["max_batch_sizes"])
+    assert all(per_sample > 0 for per_sample in probe["per_sample_bytes"])
+    assert [size for size, _ in probe["samples"]] == [8, 16, 32, 64]
+    for entry in summary["history"]:
+        assert all(b <= hi for b, hi in zip(entry["next_batch_sizes"], probe["max_batch_sizes"]))
+    assert _within(summary["batch_sizes"], "HL4", 0.2)
