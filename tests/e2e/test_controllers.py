@@ -1,5 +1,7 @@
 """Every controller on 4 emulated gloo ranks, and a speed change in the middle of an epoch."""
 
+import pytest
+
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, proportional_split
 from tests.e2e.launch import run_training
 
@@ -15,6 +17,44 @@ def _cost(level: str) -> list[float]:
 def _within(plan: list[int], level: str, tolerance: float) -> bool:
     ideal = proportional_split(HETEROGENEITY_LEVELS[level], GLOBAL_BATCH)
     return all(abs(got - want) <= tolerance * want for got, want in zip(plan, ideal))
+
+
+def _distance(plan: list[int], level: str) -> int:
+    ideal = proportional_split(HETEROGENEITY_LEVELS[level], GLOBAL_BATCH)
+    return sum(abs(got - want) for got, want in zip(plan, ideal))
+
+
+@pytest.mark.parametrize(
+    ("controller", "options", "adjust_every", "tolerance"),
+    [
+        ("lbbsp", {"predictor": "ema"}, 2, 0.2),
+        ("lbbsp", {"predictor": "narx"}, 2, 0.2),
+        ("updates", {}, 2, 0.2),
+        # 5 samples per window of 5 boundaries: it only gets part of the way in 36 steps
+        ("stepwise", {}, 1, None),
+    ],
+    ids=["lbbsp-ema", "lbbsp-narx", "updates", "stepwise"],
+)
+def test_each_controller_moves_the_plan_toward_the_speed_proportional_split(
+    tmp_path, controller, options, adjust_every, tolerance
+):
+    summary = run_training(
+        tmp_path,
+        strategy="hetero",
+        workers=4,
+        sample_cost=_cost("HL4"),
+        epochs=3,
+        adjust_every=adjust_every,
+        controller=controller,
+        controller_options=options,
+        validate=False,
+    )
+    plan, history = summary["batch_sizes"], summary["history"]
+    assert history[0]["batch_sizes"] == [32] * 4 and sum(plan) == GLOBAL_BATCH
+    assert all(sum(e["next_batch_sizes"]) == GLOBAL_BATCH for e in history)
+    assert _distance(plan, "HL4") <= _distance([32] * 4, "HL4") / 2, plan
+    if tolerance is not None:
+        assert _within(plan, "HL4", tolerance), plan
 
 
 def test_speed_change_mid_epoch_is_absorbed_within_a_few_boundaries(tmp_path):
