@@ -453,7 +453,11 @@ PREDICTORS: dict[str, type[SpeedPredictor]] = {
 
 
 def relative_rmse(predicted: Sequence[float], actual: Sequence[float]) -> float:
-    """Relative root-mean-square error ``sqrt(mean(((p - a) / a) ** 2))``.
+    """Root-mean-square error over the mean of the actual values (normalised RMSE).
+
+    ``sqrt(mean((p - a)^2)) / mean(a)``: comparable across workloads whose speeds differ
+    by orders of magnitude, and, unlike an average of per-sample relative errors, not
+    dominated by the few intervals where a worker nearly stalls.
 
     Example:
         >>> relative_rmse([110.0, 90.0], [100.0, 100.0])
@@ -461,4 +465,5 @@ def relative_rmse(predicted: Sequence[float], actual: Sequence[float]) -> float:
     """
     if len(predicted) != len(actual) or not actual:
         raise ValueError("predicted and actual must be non-empty and of equal length.")
-    return math.sqrt(math.fsum(((p - a) / a) ** 2 for p, a in zip(predicted, actual)) / len(actual))
+    squared = math.fsum((p - a) ** 2 for p, a in zip(predicted, actual)) / len(actual)
+    return math.sqrt(squared) / (math.fsum(actual) / len(actual))

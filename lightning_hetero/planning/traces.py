@@ -44,6 +44,7 @@ from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.lbbsp import LBBSPController
+from lightning_hetero.planning.predictors import relative_rmse
 from lightning_hetero.planning.simulator import HETEROGENEITY_LEVELS, ClusterSimulator
 from lightning_hetero.planning.split import proportional_split
 
@@ -343,8 +344,7 @@ def predictor_report(
                     for entry in history[score_from + 1 :]
                 ]
                 guesses = [p[rank] for p in controller.predictions[score_from:-1]]
-                squared = fmean((g - v) ** 2 for g, v in zip(guesses, measured))
-                errors.append(math.sqrt(squared) / fmean(measured))
+                errors.append(relative_rmse(guesses, measured))
             scored = range(score_from, boundaries)
             step_s = fmean(max(sim.true_step_s(result.plans[i], i)) for i in scored)
             uniform_s = fmean(max(sim.true_step_s(uniform, i)) for i in scored)
