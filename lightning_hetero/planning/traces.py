@@ -104,8 +104,10 @@ def _worker_trace(
             for c, m in zip(free_cpu, free_memory)
         ]
         speed = len(step_s) / math.fsum(step_s)
-        if rng.random() < hiccup_probability:
-            speed *= rng.uniform(0.5, 0.8)
+        # Both draws every time, so that the probability changes nothing else in the trace.
+        hiccup, slowdown = rng.random(), rng.uniform(0.5, 0.8)
+        if hiccup < hiccup_probability:
+            speed *= slowdown
         cpu_reading = math.fsum(free_cpu) / len(free_cpu) + rng.gauss(0.0, reading_noise)
         memory_reading = free_memory[-1] + rng.gauss(0.0, reading_noise)
         speeds.append(speed)
