@@ -5,7 +5,15 @@ tested in milliseconds against the :class:`ClusterSimulator`.
 """
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.lbbsp import LBBSPController
 from lightning_hetero.planning.memory import MemoryModel, probe_sizes
+from lightning_hetero.planning.predictors import (
+    PREDICTORS,
+    EMAPredictor,
+    LastPredictor,
+    NARXPredictor,
+    SpeedPredictor,
+)
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.registry import CONTROLLERS, make_controller
 from lightning_hetero.planning.simulator import (
@@ -29,15 +37,21 @@ from lightning_hetero.planning.updates import UpdatesController
 __all__ = [
     "CONTROLLERS",
     "HETEROGENEITY_LEVELS",
+    "PREDICTORS",
     "BatchLimits",
     "ClusterSimulator",
     "Controller",
+    "EMAPredictor",
+    "LBBSPController",
+    "LastPredictor",
     "MemoryModel",
+    "NARXPredictor",
     "PlanError",
     "ProportionalController",
     "RankStats",
     "SimulatedWorker",
     "SimulationResult",
+    "SpeedPredictor",
     "StaticController",
     "StepwiseController",
     "TimingSmoother",

@@ -4,6 +4,7 @@ import inspect
 from typing import Any
 
 from lightning_hetero.planning.base import Controller
+from lightning_hetero.planning.lbbsp import LBBSPController
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.static import StaticController
 from lightning_hetero.planning.stepwise import StepwiseController
@@ -17,6 +18,7 @@ CONTROLLERS: dict[str, type[Controller]] = {
     ProportionalController.name: ProportionalController,
     StepwiseController.name: StepwiseController,
     UpdatesController.name: UpdatesController,
+    LBBSPController.name: LBBSPController,
 }
 
 

@@ -16,6 +16,7 @@ from lightning_hetero.planning.simulator import (
     SimulationResult,
 )
 from lightning_hetero.planning.split import check_plan
+from lightning_hetero.planning.traces import resource_simulator
 
 __all__ = ["SCENARIOS", "Scenario", "ScenarioReport", "run_scenario"]
 
@@ -127,10 +128,33 @@ def _memory() -> Scenario:
     )
 
 
+def _resources() -> Scenario:
+    # Paper 001's shared CPU hosts: co-located jobs take CPU and memory, the readings come
+    # in RankStats (lightning_hetero/planning/traces.py). Speeds change often.
+    boundaries = 100
+    return Scenario(
+        "resources",
+        "HL2 hosts shared with co-located jobs and hiccups; CPU/memory readings, 2% noise",
+        lambda seed: resource_simulator(seed, boundaries=boundaries),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=boundaries,
+    )
+
+
 #: The catalogue, by name.
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
-    for s in [_static("HL2"), _static("HL4"), _static("HL8"), _steps(), _noisy(), _gpu(), _memory()]
+    for s in [
+        _static("HL2"),
+        _static("HL4"),
+        _static("HL8"),
+        _steps(),
+        _noisy(),
+        _gpu(),
+        _memory(),
+        _resources(),
+    ]
 }
 
 

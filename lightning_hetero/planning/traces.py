@@ -7,23 +7,28 @@ for the :class:`~lightning_hetero.planning.ClusterSimulator` and scores the spee
 predictors of :mod:`~lightning_hetero.planning.predictors` on them, in the manner of the
 paper's Table 3.
 
-How a trace is made, per worker, on a grid of training steps:
+How a trace is made, per worker, on a grid of training steps (20 per interval between
+two boundaries by default):
 
-* **co-located jobs** arrive at random (Poisson); each takes a share of the host's CPU
-  and of its memory for its duration. Most are *short* (a few steps, less than one
-  interval between boundaries: spikes), the others *long* (several intervals: phases).
+* **co-located jobs** arrive at random (Poisson, ``jobs_per_boundary`` per interval).
+  Each takes 10-40% of the host's CPU and, as bigger jobs tend to, a proportional
+  25-75% of that as memory. Half are *short* (2 steps to half an interval: spikes),
+  the others *long* (4-15 intervals: phases). The host's own background takes up to
+  10% of the CPU and 30-45% of the memory.
 * the training worker runs on what is left: with ``c`` the free CPU share and ``m``
-  the free memory share, its speed is ``c ** 0.8`` times a swapping penalty that
-  sets in when ``m`` falls below 15%.
-* **hiccups**: now and then a whole interval runs 20-50% slower while CPU and memory
-  look normal (disk or network contention, garbage collection, throttling: the
-  resources no reading covers).
+  the free memory share, its speed relative to an idle host is ``c ** 0.8`` (parallel
+  efficiency below 1), divided by up to 3 when ``m`` falls under 15% (swapping).
+* **hiccups**: now and then (``hiccup_probability`` of the intervals) a whole interval
+  runs 20-50% slower while CPU and memory look normal: disk or network contention,
+  garbage collection, throttling, the resources no reading covers.
 
 What a controller sees at boundary ``i``, and when (the assumption that decides how
 useful the readings are):
 
 * the measured speed of interval ``i``: the harmonic mean of its step speeds (the
-  simulator holds one speed per interval, the mean step time of the real one);
+  simulator holds one speed per interval, the mean step time of the real one; the real
+  :class:`~lightning_hetero.planning.TimingSmoother` weighs the last steps more, which
+  would make the last speed a somewhat better predictor than here);
 * ``cpu_available``: the free CPU share *averaged over* interval ``i``, as
   :class:`~lightning_hetero.resources.ResourceMeter` reads it (``psutil.cpu_percent``
   since the previous reading). It covers the same time as the speed;
@@ -32,7 +37,9 @@ useful the readings are):
   interval shows in full here, but only in part in the speed and the CPU average.
 
 Neither reading sees the future: a job that starts during interval ``i + 1`` is a
-surprise to every predictor. Readings carry a small Gaussian error.
+surprise to every predictor. Readings carry a small Gaussian error (``reading_noise``).
+"Free" means not taken by *other* jobs, the share the training worker can use, as in
+paper 001's leftover-resource setting.
 """
 
 import math
