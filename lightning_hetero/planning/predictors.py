@@ -329,7 +329,7 @@ class NARXPredictor(SpeedPredictor):
         x[:, : self.speed_lags] -= self.log_reference
         return x
 
-    def _samples(self) -> tuple[list[list[float]], list[float]]:
+    def _samples(self) -> tuple[list[list[float]], list[int]]:
         inputs, targets = [], []
         for end in range(self.reading_lags, len(self.speeds)):
             features = self._features(end)
