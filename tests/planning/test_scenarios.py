@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from lightning_hetero.planning.base import Controller
+from lightning_hetero.planning.lbbsp import LBBSPController
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.scenarios import SCENARIOS, Scenario, ScenarioReport, run_scenario
 from lightning_hetero.planning.stepwise import StepwiseController
@@ -52,6 +53,8 @@ FACTORIES: dict[str, Callable[[], Controller]] = {
     "stepwise": StepwiseController,
     "updates": UpdatesController,
     "updates-deadband": lambda: UpdatesController(deadband=0.05),
+    "lbbsp": LBBSPController,
+    "lbbsp-last": lambda: LBBSPController(predictor="last"),
 }
 
 # fmt: off
@@ -102,6 +105,31 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("updates-deadband", "noisy"): Expected(0.95, 9, (6, 18)),
     ("updates-deadband", "gpu"): Expected(0.96, 6, (3, 8)),
     ("updates-deadband", "memory"): Expected(0.94, 4, (2, 9)),
+    # co-located jobs come and go (traces.py): nobody foresees a job that starts next interval
+    ("proportional", "resources"): Expected(0.60, 8, (15, 40)),
+    ("omnilearn", "resources"): Expected(0.65, 60, (10, 30)),
+    ("stepwise", "resources"): Expected(0.55, NEVER, (2, 8)),
+    ("updates", "resources"): Expected(0.75, 8, (90, 100)),
+    ("updates-deadband", "resources"): Expected(0.75, 8, (75, 100)),
+    # LB-BSP with its default EMA predictor: smooth but lagging (20% of the gap per boundary)
+    ("lbbsp", "HL2"): Expected(0.95, 1, (1, 2)),
+    ("lbbsp", "HL4"): Expected(0.95, 1, (1, 2)),
+    ("lbbsp", "HL8"): Expected(0.95, 1, (1, 2)),
+    ("lbbsp", "steps"): Expected(0.93, NEVER, (20, 28)),
+    ("lbbsp", "noisy"): Expected(0.94, 2, (1, 3)),
+    ("lbbsp", "gpu"): Expected(0.96, 1, (1, 2)),
+    ("lbbsp", "memory"): Expected(0.98, 10, (5, 11)),
+    ("lbbsp", "resources"): Expected(0.70, 75, (30, 60)),
+    # the last speed: recovers in one boundary, but flips the plan where throughput depends
+    # on the batch (memory cap)
+    ("lbbsp-last", "HL2"): Expected(0.95, 1, (1, 2)),
+    ("lbbsp-last", "HL4"): Expected(0.95, 1, (1, 2)),
+    ("lbbsp-last", "HL8"): Expected(0.95, 1, (1, 2)),
+    ("lbbsp-last", "steps"): Expected(0.97, 1, (4, 5)),
+    ("lbbsp-last", "noisy"): Expected(0.94, 2, (1, 8)),
+    ("lbbsp-last", "gpu"): Expected(0.96, 1, (1, 2)),
+    ("lbbsp-last", "memory"): Expected(0.35, NEVER, (28, 30)),
+    ("lbbsp-last", "resources"): Expected(0.75, 6, (65, 90)),
 }
 # fmt: on
 
