@@ -1,7 +1,7 @@
 import pytest
 
 from lightning_hetero.bench.__main__ import main
-from lightning_hetero.bench.simulate import parse_spec, simulate_report
+from lightning_hetero.bench.simulate import parse_spec, predictor_table, simulate_report
 from lightning_hetero.planning import ProportionalController
 
 
@@ -45,7 +45,18 @@ def test_report_has_one_row_per_scenario_and_controller_with_the_simulated_figur
 
 
 def test_command_line_simulate_prints_the_table(capsys):
-    main(["--simulate", "--controllers", "static", "--scenarios", "HL2", "--seeds", "2"])
+    main(
+        [
+            "--simulate",
+            "--controllers",
+            "static",
+            "--scenarios",
+            "HL2",
+            "--seeds",
+            "2",
+            "--no-predictors",
+        ]
+    )
     out = capsys.readouterr().out
     assert "| HL2 | `static` | 0.672 | - | 0 | 0.672 |" in out
 
@@ -54,3 +65,9 @@ def test_command_line_rejects_a_bad_controller_spec(capsys):
     with pytest.raises(SystemExit):
         main(["--simulate", "--controllers", "nope"])
     assert "Unknown controller 'nope'" in capsys.readouterr().err
+
+
+def test_predictor_table_has_a_row_per_predictor_and_the_oracle():
+    text = predictor_table(seeds=[0], boundaries=60)
+    names = [line.split(" | ")[0][2:] for line in text.splitlines()[2:6]]
+    assert names == ["last", "ema", "narx", "oracle"]

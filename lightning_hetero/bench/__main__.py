@@ -21,7 +21,12 @@ from typing import Any
 from tqdm import tqdm
 
 from lightning_hetero.bench.run import launch
-from lightning_hetero.bench.simulate import DEFAULT_CONTROLLERS, simulate_report, split_spec
+from lightning_hetero.bench.simulate import (
+    DEFAULT_CONTROLLERS,
+    predictor_table,
+    simulate_report,
+    split_spec,
+)
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, SimulationResult, ideal_speedup
 from lightning_hetero.planning.scenarios import SCENARIOS
 
@@ -165,12 +170,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     simulated.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     simulated.add_argument("--seeds", type=int, default=5, help="noise seeds per scenario")
+    simulated.add_argument(
+        "--no-predictors",
+        dest="predictors",
+        action="store_false",
+        help="leave out the LB-BSP predictor table",
+    )
     args = parser.parse_args(argv)
     if args.simulate:
         if args.seeds < 1:
             parser.error("need --seeds >= 1")
         try:
             print(simulate_report(args.controllers, args.scenarios, range(args.seeds)))
+            if args.predictors:
+                print(predictor_table(range(args.seeds)))
         except ValueError as err:
             parser.error(str(err))
         return

@@ -18,8 +18,15 @@ from tqdm import tqdm
 
 from lightning_hetero.planning import CONTROLLERS, Controller
 from lightning_hetero.planning.scenarios import SCENARIOS, ScenarioReport, run_scenario
+from lightning_hetero.planning.traces import predictor_report
 
-__all__ = ["DEFAULT_CONTROLLERS", "parse_spec", "simulate_report", "split_spec"]
+__all__ = [
+    "DEFAULT_CONTROLLERS",
+    "parse_spec",
+    "predictor_table",
+    "simulate_report",
+    "split_spec",
+]
 
 #: The controllers compared by default, as ``name[:option=value,...]`` specs.
 DEFAULT_CONTROLLERS = [
@@ -138,4 +145,29 @@ def simulate_report(
         + "\n\nScenarios:\n"
         + scenario_legend
         + "\n"
+    )
+
+
+def predictor_table(seeds: Sequence[int] = range(5), boundaries: int = 200) -> str:
+    """LB-BSP's speed predictors on resource-driven traces (paper 001, Table 3), in Markdown."""
+    rows = predictor_report(seeds=seeds, boundaries=boundaries)
+    lines = [
+        "| predictor | relative RMSE of the next speed | mean true step (s) | vs uniform |"
+        " plan changes |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        rmse = f"{row['rmse_min']:.3f} / {row['rmse_median']:.3f} / {row['rmse_max']:.3f}"
+        step = f"{row['step_s_min']:.3f} / {row['step_s_median']:.3f} / {row['step_s_max']:.3f}"
+        lines.append(
+            f"| {row['predictor']} | {rmse} | {step} | {row['vs_uniform']:.3f} |"
+            f" {row['plan_changes']:.0f} |"
+        )
+    return (
+        "\n".join(lines)
+        + f"\n\nLB-BSP (dead-band 0, as paper 001) on {len(seeds)} four-worker traces of"
+        f" {boundaries} boundaries whose speeds follow co-located jobs"
+        " (`lightning_hetero.planning.traces`); min / median / max over traces, mean for"
+        " `vs uniform` (step time over the uniform plan's) and plan changes. The oracle knows"
+        " each interval's speed in advance.\n"
     )
