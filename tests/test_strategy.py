@@ -343,3 +343,30 @@ def test_auto_max_batch_size_bounds_each_rank_by_its_measured_memory(monkeypatch
 def test_bad_memory_options_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         HeteroStrategy(**kwargs)
+
+
+def test_cli_controller_object_with_its_own_options():
+    from lightning_hetero.planning import LBBSPController
+
+    cli = _cli(
+        [
+            "--trainer.strategy=lightning_hetero.HeteroStrategy",
+            "--trainer.strategy.controller=lightning_hetero.planning.LBBSPController",
+            "--trainer.strategy.controller.predictor=narx",
+            "--trainer.strategy.max_batch_size=auto",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+        ]
+    )
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy.controller, LBBSPController)
+    assert strategy.controller.predictor == "narx"
+    assert strategy._max_batch_size == "auto"
+
+
+@pytest.mark.parametrize("name", ["proportional", "lbbsp", "stepwise", "updates", "static"])
+def test_every_controller_is_selectable_by_name(name):
+    strategy = HeteroStrategy(controller=name, deadband=0.1)
+    assert strategy.controller.name == name
+    if name != "static":
+        assert strategy.controller.deadband == 0.1
