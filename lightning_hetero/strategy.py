@@ -78,7 +78,8 @@ class HeteroStrategy(DDPStrategy):
     Args:
         mode: ``"bsp"`` (synchronous, the only mode in this version); ``"async"`` and
             ``"local"`` are reserved for the parameter-server and local-SGD modes.
-        controller: a controller name (``"proportional"``, ``"static"``) or a
+        controller: a controller name (``"proportional"``, ``"lbbsp"``, ``"stepwise"``,
+            ``"updates"``, ``"static"``; built with ``deadband``) or a
             :class:`~lightning_hetero.planning.Controller` instance.
         batch_sizes: the initial plan: ``"uniform"``, ``"cores"`` (CPU cores each rank's
             process may use), ``"flops"`` (GPU SMs x clock via NVML, falling back to
@@ -97,7 +98,8 @@ class HeteroStrategy(DDPStrategy):
             ``(0, 1]``.
         probe_batch_sizes: batch sizes ``max_batch_size="auto"`` probes (default: four
             sizes doubling up to ``B``); sizes that would not fit are skipped or caught.
-        deadband: relative change below which the plan is kept (controllers built by name).
+        deadband: how much better a new plan must be before the plan changes (controllers
+            built by name; each controller's docstring says what it compares).
         smoothing: EWMA factor of step times, in ``[0, 1)``; 0 keeps only the last step.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean

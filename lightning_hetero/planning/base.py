@@ -3,12 +3,12 @@
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from math import nan
+from math import isfinite, nan
 from typing import Any, ClassVar
 
 from lightning_hetero.planning.split import PlanError, expand_bound
 
-__all__ = ["BatchLimits", "Controller", "RankStats"]
+__all__ = ["BatchLimits", "Controller", "RankStats", "check_inputs"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,32 @@ class RankStats:
     cpu_available: float = nan
     memory_available: float = nan
     updates: int | None = None
+
+
+def check_inputs(
+    batch_sizes: Sequence[int],
+    compute_s: Sequence[float],
+    limits: BatchLimits,
+    stats: Sequence[RankStats] | None = None,
+) -> tuple[list[int], list[float], list[RankStats]]:
+    """Validate what a controller's ``update`` received; returns them as lists.
+
+    Missing ``stats`` become one empty :class:`RankStats` per rank.
+
+    Raises:
+        ValueError: lengths that differ from the world size, or a compute time that is not
+            finite and positive.
+    """
+    plan, times = list(batch_sizes), [float(t) for t in compute_s]
+    readings = [RankStats()] * len(plan) if stats is None else list(stats)
+    if not len(plan) == len(times) == len(readings) == limits.world_size:
+        raise ValueError(
+            f"Expected one batch size, compute time and RankStats per rank for"
+            f" {limits.world_size} ranks, got {len(plan)}, {len(times)} and {len(readings)}."
+        )
+    if not all(isfinite(t) and t > 0 for t in times):
+        raise ValueError(f"Compute times must be finite and positive, got {times}.")
+    return plan, times, readings
 
 
 class Controller(ABC):

@@ -5,7 +5,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
 from lightning_hetero.planning.predictors import (
     PREDICTORS,
     EMAPredictor,
@@ -145,18 +145,8 @@ class LBBSPController(Controller):
         limits: BatchLimits,
         stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
-        current = list(batch_sizes)
+        current, compute_s, readings = check_inputs(batch_sizes, compute_s, limits, stats)
         world_size = len(current)
-        if len(compute_s) != world_size or limits.world_size != world_size:
-            raise ValueError(
-                f"Expected one batch size, compute time and bound per rank, got {world_size},"
-                f" {len(compute_s)} and {limits.world_size}."
-            )
-        if not all(math.isfinite(t) and t > 0 for t in compute_s):
-            raise ValueError(f"Compute times must be finite and positive, got {list(compute_s)}.")
-        readings = list(stats) if stats is not None else [RankStats()] * world_size
-        if len(readings) != world_size:
-            raise ValueError(f"Expected {world_size} RankStats, got {len(readings)}.")
         if len(self.predictors) != world_size:
             self._reset(world_size)
 

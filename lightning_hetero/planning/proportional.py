@@ -2,11 +2,10 @@
 
 import warnings
 from collections.abc import Sequence
-from math import isfinite
 from statistics import fmean
 from typing import Any
 
-from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
 from lightning_hetero.planning.split import balance_efficiency, proportional_split
 
 __all__ = ["ProportionalController"]
@@ -102,9 +101,7 @@ class ProportionalController(Controller):
         limits: BatchLimits,
         stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
-        current = list(batch_sizes)
-        if not all(isfinite(t) and t > 0 for t in compute_s):
-            raise ValueError(f"Compute times must be finite and positive, got {list(compute_s)}.")
+        current, compute_s, _ = check_inputs(batch_sizes, compute_s, limits, stats)
         throughput = [b / t for b, t in zip(current, compute_s)]
         upper = self._upper_bounds(current, throughput, limits)
         self.last_batch_sizes, self.last_throughput = current, throughput

@@ -2,10 +2,10 @@
 
 import warnings
 from collections.abc import Sequence
-from math import isfinite, isnan
+from math import isnan
 from typing import Any
 
-from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
 from lightning_hetero.planning.split import proportional_split
 
 __all__ = ["StepwiseController"]
@@ -130,15 +130,7 @@ class StepwiseController(Controller):
         limits: BatchLimits,
         stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
-        plan = list(batch_sizes)
-        times = [float(t) for t in compute_s]
-        if not all(isfinite(t) and t > 0 for t in times):
-            raise ValueError(f"Compute times must be finite and positive, got {list(compute_s)}.")
-        if not len(plan) == len(times) == limits.world_size:
-            raise ValueError(
-                f"Expected {limits.world_size} batch sizes and compute times (one per rank),"
-                f" got {len(plan)} and {len(times)}."
-            )
+        plan, times, _ = check_inputs(batch_sizes, compute_s, limits, stats)
         lower, upper = limits.min_batch_size, limits.max_batch_size
         if sum(plan) != limits.global_batch_size or any(
             not lo <= b <= hi for b, lo, hi in zip(plan, lower, upper)

@@ -5,7 +5,7 @@ from math import isfinite
 from statistics import fmean
 from typing import Any
 
-from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
 from lightning_hetero.planning.split import balance_efficiency, proportional_split
 
 __all__ = ["UpdatesController"]
@@ -142,14 +142,7 @@ class UpdatesController(Controller):
         limits: BatchLimits,
         stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
-        current = list(batch_sizes)
-        if not all(isfinite(t) and t > 0 for t in compute_s):
-            raise ValueError(f"Compute times must be finite and positive, got {list(compute_s)}.")
-        if not len(current) == len(compute_s) == limits.world_size:
-            raise ValueError(
-                f"Expected {limits.world_size} batch sizes and compute times (one per rank),"
-                f" got {len(current)} and {len(compute_s)}."
-            )
+        current, compute_s, stats = check_inputs(batch_sizes, compute_s, limits, stats)
         updates = self.update_counts(current, compute_s, limits, stats)
         mean_updates = fmean(updates)
         if self.beta is not None:
