@@ -39,6 +39,16 @@ class BatchLimits:
     def world_size(self) -> int:
         return len(self.min_batch_size)
 
+    def admits(self, plan: Sequence[int]) -> bool:
+        """Whether ``plan`` sums to the global batch and keeps every rank within its bounds."""
+        return (
+            len(plan) == self.world_size
+            and sum(plan) == self.global_batch_size
+            and all(
+                lo <= b <= hi for b, lo, hi in zip(plan, self.min_batch_size, self.max_batch_size)
+            )
+        )
+
     def check(self) -> None:
         """Raise :class:`PlanError` unless some plan satisfies these limits."""
         for rank, (lo, hi) in enumerate(zip(self.min_batch_size, self.max_batch_size)):

@@ -11,6 +11,7 @@ from lightning_hetero.planning.predictors import (
     EMAPredictor,
     NARXPredictor,
     SpeedPredictor,
+    _check_alpha,
 )
 from lightning_hetero.planning.split import proportional_split
 
@@ -98,8 +99,7 @@ class LBBSPController(Controller):
                 f"`predictor` must be a name or a callable returning a `SpeedPredictor`, got"
                 f" {predictor!r}."
             )
-        if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"`alpha` must be in (0, 1], got {alpha}.")
+        _check_alpha(alpha)
         if not 0.0 <= deadband < 1.0:
             raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
         self.predictor = predictor
@@ -171,11 +171,7 @@ class LBBSPController(Controller):
         target = proportional_split(
             predicted, limits.global_batch_size, limits.min_batch_size, limits.max_batch_size
         )
-        valid = sum(current) == limits.global_batch_size and all(
-            lo <= b <= hi
-            for b, lo, hi in zip(current, limits.min_batch_size, limits.max_batch_size)
-        )
-        if not valid:
+        if not limits.admits(current):
             return target
         current_step_s = max(b / v for b, v in zip(current, predicted))
         target_step_s = max(b / v for b, v in zip(target, predicted))

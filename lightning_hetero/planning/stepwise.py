@@ -132,9 +132,7 @@ class StepwiseController(Controller):
     ) -> list[int]:
         plan, times, _ = check_inputs(batch_sizes, compute_s, limits, stats)
         lower, upper = limits.min_batch_size, limits.max_batch_size
-        if sum(plan) != limits.global_batch_size or any(
-            not lo <= b <= hi for b, lo, hi in zip(plan, lower, upper)
-        ):
+        if not limits.admits(plan):
             # Not a plan this controller made (new limits, a user's plan): bring it within.
             self.observed = []
             self.last_plan = proportional_split(plan, limits.global_batch_size, lower, upper)

@@ -69,3 +69,12 @@ def test_limits_are_immutable() -> None:
 def test_controller_cannot_be_built_without_update() -> None:
     with pytest.raises(TypeError):
         Controller()  # type: ignore[abstract]
+
+
+def test_limits_admit_only_plans_with_the_global_sum_and_in_bounds() -> None:
+    limits = BatchLimits.build(3, 12, min_batch_size=2, max_batch_size=[4, 6, 6])
+    assert limits.admits([4, 4, 4]) and limits.admits([2, 4, 6])
+    assert not limits.admits([4, 4, 5])  # sum 13
+    assert not limits.admits([5, 4, 3])  # rank 0 above its maximum
+    assert not limits.admits([1, 5, 6])  # rank 0 below the minimum
+    assert not limits.admits([6, 6])  # wrong length

@@ -120,21 +120,12 @@ def test_plan_outside_bounds_is_corrected_even_within_deadband() -> None:
     assert controller.update([40, 60], [1.0, 1.0], limits) == [45, 55]
 
 
-def test_random_updates_sum_to_global_batch_and_respect_bounds() -> None:
+def test_random_updates_sum_to_global_batch_and_respect_bounds(random_case) -> None:
     rng = random.Random(0)
     for _ in range(200):
-        world_size = rng.randint(1, 16)
-        lower = rng.randint(1, 8)
-        upper = lower + rng.randint(0, 200)
-        global_batch = rng.randint(world_size * lower, world_size * upper)
-        limits = BatchLimits.build(world_size, global_batch, lower, upper)
-        current = proportional_split(
-            [rng.uniform(0.5, 2.0) for _ in range(world_size)],
-            global_batch,
-            limits.min_batch_size,
-            limits.max_batch_size,
-        )
-        compute_s = [rng.uniform(0.01, 5.0) for _ in range(world_size)]
+        limits, current, compute_s = random_case(rng)
+        global_batch = limits.global_batch_size
+        lower, upper = limits.min_batch_size[0], limits.max_batch_size[0]
         plan = ProportionalController(deadband=rng.choice([0.0, 0.05, 0.2])).update(
             current, compute_s, limits
         )
@@ -443,21 +434,12 @@ def test_renormalization_is_selectable_by_name() -> None:
     assert controller.renormalization == "omnilearn"
 
 
-def test_omnilearn_random_updates_sum_to_global_batch_and_respect_bounds() -> None:
+def test_omnilearn_random_updates_sum_to_global_batch_and_respect_bounds(random_case) -> None:
     rng = random.Random(2)
     for _ in range(200):
-        world_size = rng.randint(1, 16)
-        lower = rng.randint(1, 8)
-        upper = lower + rng.randint(0, 200)
-        global_batch = rng.randint(world_size * lower, world_size * upper)
-        limits = BatchLimits.build(world_size, global_batch, lower, upper)
-        current = proportional_split(
-            [rng.uniform(0.5, 2.0) for _ in range(world_size)],
-            global_batch,
-            limits.min_batch_size,
-            limits.max_batch_size,
-        )
-        compute_s = [rng.uniform(0.01, 5.0) for _ in range(world_size)]
+        limits, current, compute_s = random_case(rng)
+        global_batch = limits.global_batch_size
+        lower, upper = limits.min_batch_size[0], limits.max_batch_size[0]
         plan = omnilearn(deadband=rng.choice([0.0, 0.05, 0.2])).update(current, compute_s, limits)
         assert sum(plan) == global_batch
         assert all(lower <= b <= upper for b in plan)

@@ -9,7 +9,6 @@ import pytest
 from lightning_hetero.planning.base import BatchLimits, RankStats
 from lightning_hetero.planning.registry import make_controller
 from lightning_hetero.planning.simulator import ClusterSimulator
-from lightning_hetero.planning.split import proportional_split
 from lightning_hetero.planning.updates import UpdatesController
 
 
@@ -140,21 +139,12 @@ def test_bad_timings_or_lengths_raise() -> None:
 
 
 @pytest.mark.parametrize("counts", ["derived", "reported"])
-def test_random_updates_sum_to_global_batch_and_respect_bounds(counts: str) -> None:
+def test_random_updates_sum_to_global_batch_and_respect_bounds(counts: str, random_case) -> None:
     rng = random.Random(0)
     for _ in range(200):
-        world_size = rng.randint(1, 16)
-        lower = rng.randint(1, 8)
-        upper = lower + rng.randint(0, 200)
-        global_batch = rng.randint(world_size * lower, world_size * upper)
-        limits = BatchLimits.build(world_size, global_batch, lower, upper)
-        current = proportional_split(
-            [rng.uniform(0.5, 2.0) for _ in range(world_size)],
-            global_batch,
-            limits.min_batch_size,
-            limits.max_batch_size,
-        )
-        compute_s = [rng.uniform(0.01, 5.0) for _ in range(world_size)]
+        limits, current, compute_s = random_case(rng)
+        world_size, global_batch = limits.world_size, limits.global_batch_size
+        lower, upper = limits.min_batch_size[0], limits.max_batch_size[0]
         stats = (
             reported(*(rng.randint(0, 500) for _ in range(world_size)))
             if counts == "reported"
