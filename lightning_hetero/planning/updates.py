@@ -158,7 +158,8 @@ class UpdatesController(Controller):
         plan = proportional_split(
             moved, limits.global_batch_size, limits.min_batch_size, limits.max_batch_size
         )
-        if self.deadband > 0 and balance_efficiency(current, compute_s) >= 1.0 - self.deadband:
+        balanced = balance_efficiency(current, compute_s) >= 1.0 - self.deadband
+        if self.deadband > 0 and balanced and limits.admits(current):
             plan = current  # balanced within the dead-band: keep the plan
         self.last_updates = updates
         self.lr_factors = [new / old for new, old in zip(plan, current)]

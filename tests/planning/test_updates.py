@@ -240,3 +240,10 @@ def test_deadband_keeps_a_plan_whose_measured_balance_is_within_it():
 def test_bad_deadband_is_refused(deadband):
     with pytest.raises(ValueError, match="deadband"):
         UpdatesController(deadband=deadband)
+
+
+def test_deadband_never_keeps_a_plan_outside_the_limits():
+    limits = BatchLimits.build(2, 128, max_batch_size=[60, 100])
+    # balanced, but rank 0 is above its (new) maximum: the plan must still be replaced
+    plan = UpdatesController(deadband=0.05).update([64, 64], [1.0, 1.0], limits)
+    assert limits.admits(plan), plan
