@@ -71,3 +71,9 @@ def test_predictor_table_has_a_row_per_predictor_and_the_oracle():
     text = predictor_table(seeds=[0], boundaries=60)
     names = [line.split(" | ")[0][2:] for line in text.splitlines()[2:6]]
     assert names == ["last", "ema", "narx", "oracle"]
+
+
+def test_command_line_rejects_a_bad_adjust_every(capsys):
+    with pytest.raises(SystemExit):
+        main(["--adjust-every", "often"])
+    assert "--adjust-every must be 'epoch' or an integer >= 1" in capsys.readouterr().err

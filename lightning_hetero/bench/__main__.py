@@ -189,7 +189,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.repeats < 1 or args.epochs <= args.skip:
         parser.error("need --repeats >= 1 and --epochs > --skip")
-    adjust_every = args.adjust_every if args.adjust_every == "epoch" else int(args.adjust_every)
+    adjust_every = args.adjust_every
+    if adjust_every != "epoch":
+        if not adjust_every.isdigit() or int(adjust_every) < 1:
+            parser.error(f"--adjust-every must be 'epoch' or an integer >= 1, got {adjust_every!r}")
+        adjust_every = int(adjust_every)
     try:
         name, options = split_spec(args.controller)
     except ValueError as err:
