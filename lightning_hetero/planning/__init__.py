@@ -7,6 +7,12 @@ tested in milliseconds against the :class:`ClusterSimulator`.
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.lbbsp import LBBSPController
 from lightning_hetero.planning.memory import MemoryModel, probe_sizes
+from lightning_hetero.planning.merge import (
+    MergeWeights,
+    check_merge_options,
+    merge_weights,
+    momentum_merge,
+)
 from lightning_hetero.planning.predictors import (
     PREDICTORS,
     EMAPredictor,
@@ -45,6 +51,7 @@ __all__ = [
     "LBBSPController",
     "LastPredictor",
     "MemoryModel",
+    "MergeWeights",
     "NARXPredictor",
     "PlanError",
     "ProportionalController",
@@ -57,9 +64,12 @@ __all__ = [
     "TimingSmoother",
     "UpdatesController",
     "balance_efficiency",
+    "check_merge_options",
     "check_plan",
     "ideal_speedup",
     "make_controller",
+    "merge_weights",
+    "momentum_merge",
     "probe_sizes",
     "proportional_split",
 ]
