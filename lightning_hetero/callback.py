@@ -95,6 +95,10 @@ class HeteroCallback(Callback):
             self._add_tensorboard_layout(trainer)
 
     @override
+    def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._strategy(trainer).start_epoch()
+
+    @override
     def on_train_batch_end(
         self,
         trainer: "pl.Trainer",
@@ -108,32 +112,48 @@ class HeteroCallback(Callback):
             self._smoother.update(batch_size, compute_s, wait_s)
         self._batches += 1
         if strategy.adjust_every != "epoch" and self._batches % strategy.adjust_every == 0:
-            self._boundary(trainer, strategy)
+            self.boundary(trainer, strategy)
 
     @override
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         strategy = self._strategy(trainer)
-        if strategy.adjust_every == "epoch":
+        if strategy.mode == "local":
+            strategy.finish_epoch()  # local mode re-plans at each merge
+        elif strategy.adjust_every == "epoch":
             for batch_size, compute_s, wait_s in strategy._timer.collect(synchronize=True):
                 self._smoother.update(batch_size, compute_s, wait_s)
-            self._boundary(trainer, strategy)
+            self.boundary(trainer, strategy)
 
     # ---------------------------------------------------------------- the boundary
-    def _boundary(self, trainer: "pl.Trainer", strategy: "HeteroStrategy") -> None:
+    def boundary(
+        self,
+        trainer: "pl.Trainer",
+        strategy: "HeteroStrategy",
+        updates: list[int] | None = None,
+    ) -> None:
+        """Gather every rank's measurements, re-plan on rank 0, apply the plan everywhere.
+
+        ``updates``: each rank's model-update count since the last boundary, where ranks
+        make different numbers of updates (local mode); the controller's ``RankStats`` get
+        them. Must be called on every rank together.
+        """
         sampler = strategy.sampler
         if sampler is None or strategy.limits is None:
             return
         started = time.perf_counter()
         s = self._smoother
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
-        rows = strategy.gather_rows(
-            [s.batch_size, s.compute_s, s.wait_s, s.steps, sampler.cursor, *readings]
-        )
+        with strategy.guarded("the boundary's all-gather"):
+            rows = strategy.gather_rows(
+                [s.batch_size, s.compute_s, s.wait_s, s.steps, getattr(sampler, "cursor", 0)]
+                + list(readings)
+            )
         measured = [int(row[0]) for row in rows]
         compute_s = [row[1] for row in rows]
         wait_s = [row[2] for row in rows]
         first_undrawn_step = int(max(row[4] for row in rows))
-        stats = [RankStats(row[5], row[6], row[7]) for row in rows]
+        counts = updates or [None] * len(rows)
+        stats = [RankStats(row[5], row[6], row[7], counts[k]) for k, row in enumerate(rows)]
         plan = strategy.batch_sizes
 
         entry: dict[str, Any] = {
@@ -143,6 +163,7 @@ class HeteroCallback(Callback):
             "compute_times": compute_s,
             "wait_times": wait_s,
             "memory_used": [r.memory_used for r in stats],
+            "updates": updates,
             "balance": float("nan"),
             "changed": False,
         }
@@ -167,12 +188,15 @@ class HeteroCallback(Callback):
             decided = plan
             if strategy.global_rank == 0:
                 decided = self._decide(strategy, plan, compute_s, stats)
-            new_plan = strategy.broadcast_plan(decided)
+            with strategy.guarded("the plan broadcast"):
+                new_plan = strategy.broadcast_plan(decided)
             if new_plan != plan:
                 strategy.apply_plan(new_plan, from_step=first_undrawn_step)
                 self._adjustments += 1
                 entry["changed"] = True
         entry["next_batch_sizes"] = strategy.batch_sizes
+        if strategy.server is not None:  # async mode, rank 0: the server's view of the epoch
+            entry.update(strategy.server.take_epoch_stats())
         entry["boundary_s"] = time.perf_counter() - started
         strategy.history.append(entry)
         self._log(trainer, entry)
@@ -206,6 +230,9 @@ class HeteroCallback(Callback):
             metrics[f"hetero/throughput/rank{rank}"] = b / t if t > 0 else float("nan")
         for rank, used in enumerate(entry["memory_used"]):
             metrics[f"hetero/memory_used/rank{rank}"] = used
+        for name in ("updates", "staleness", "staleness_max"):
+            for rank, value in enumerate(entry.get(name) or []):
+                metrics[f"hetero/{name}/rank{rank}"] = float(value)
         metrics["hetero/balance"] = entry["balance"]
         metrics["hetero/adjustments"] = float(self._adjustments)
         for logger in trainer.loggers:
@@ -220,6 +247,8 @@ class HeteroCallback(Callback):
             "throughput per rank (samples/s)": ["Multiline", [r"hetero/throughput/rank\d+"]],
             "memory in use per rank (fraction)": ["Multiline", [r"hetero/memory_used/rank\d+"]],
             "balance efficiency": ["Multiline", [r"hetero/balance"]],
+            "updates per rank": ["Multiline", [r"hetero/updates/rank\d+"]],
+            "staleness per rank (server versions)": ["Multiline", [r"hetero/staleness/rank\d+"]],
         }
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):

@@ -5,7 +5,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -28,19 +28,27 @@ from lightning_hetero._comm import (
     WeightedHookState,
     weighted_allreduce_hook,
 )
+from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
+from lightning_hetero.localsgd import ReplicaMerger
 from lightning_hetero.memory_probe import auto_max_batch_size, preserved_state
+from lightning_hetero.paramserver import ParameterServer, ServerClient
 from lightning_hetero.planning import (
     BatchLimits,
     Controller,
     PlanError,
+    check_merge_options,
     check_plan,
     make_controller,
+    merge_weights,
     probe_sizes,
     proportional_split,
 )
 from lightning_hetero.planning.split import expand_bound
 from lightning_hetero.resources import available_cores, flops_or_nan
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
+
+if TYPE_CHECKING:
+    from lightning_hetero.callback import HeteroCallback
 
 __all__ = ["HeteroStrategy"]
 
@@ -55,6 +63,19 @@ def _patched(obj: object, attributes: dict[str, Any]) -> Iterator[None]:
     finally:
         for name in attributes:
             delattr(obj, name)
+
+
+@contextmanager
+def _scaled_lr(optimizer: torch.optim.Optimizer, factor: float) -> Iterator[None]:
+    """Multiply every group's learning rate by ``factor`` for the duration of the block."""
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * factor
+    try:
+        yield
+    finally:
+        for group, lr in zip(optimizer.param_groups, lrs):
+            group["lr"] = lr
 
 
 _MODES = ("bsp", "async", "local")
@@ -76,11 +97,16 @@ class HeteroStrategy(DDPStrategy):
     compute times so that fast ranks stop waiting for slow ones.
 
     Args:
-        mode: ``"bsp"`` (synchronous, the only mode in this version); ``"async"`` and
-            ``"local"`` are reserved for the parameter-server and local-SGD modes.
+        mode: ``"bsp"``: synchronous, gradients all-reduced with weights ``b_k / B``.
+            ``"async"``: a parameter server in rank 0's process applies each rank's gradient
+            as it arrives, with learning rate ``lr * b_k / B``; ranks never wait for each
+            other within an epoch. ``"local"``: local SGD; each rank steps its own replica
+            on batches claimed from a shared pool of ``megabatch_size`` samples, and the
+            replicas are merged after each mega-batch (see the README for details).
         controller: a controller name (``"proportional"``, ``"lbbsp"``, ``"stepwise"``,
             ``"updates"``, ``"static"``; built with ``deadband``) or a
-            :class:`~lightning_hetero.planning.Controller` instance.
+            :class:`~lightning_hetero.planning.Controller` instance. Default:
+            ``"updates"`` in local mode, ``"proportional"`` otherwise.
         batch_sizes: the initial plan: ``"uniform"``, ``"cores"`` (CPU cores each rank's
             process may use), ``"flops"`` (GPU SMs x clock via NVML, falling back to
             cores), or one batch size per rank.
@@ -103,7 +129,22 @@ class HeteroStrategy(DDPStrategy):
         smoothing: EWMA factor of step times, in ``[0, 1)``; 0 keeps only the last step.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
-            (inexact with unequal batches; for ablations only).
+            (inexact with unequal batches; for ablations only). BSP mode only.
+        lr_scaling: async mode: apply rank ``k``'s gradient with learning rate
+            ``lr * b_k / B`` (paper 002 Eq. 5b); ``False`` uses ``lr`` (for ablations).
+            Local mode: step rank ``k``'s replica with ``lr * b_k * K / B`` (the linear
+            scaling rule around an even split of ``B`` over ``K`` ranks); ``False`` uses
+            ``lr`` on every rank.
+        rpc_timeout: async mode: seconds a push or pull to the parameter server may take
+            before the rank stops with an error naming it.
+        megabatch_size: local mode: samples claimed between two merges (default: ten
+            global batches); must be at least ``B``.
+        delta: local mode: perturbation factor of the merge weights of the replicas with the
+            most and the fewest updates, in ``[0, 1)``; 0 turns perturbation off.
+        perturb_threshold: local mode: perturb only when every replica's L2 norm per
+            parameter is below this (``> 0``).
+        gamma: local mode: merge momentum in ``[0, 1)``: the merged model is
+            ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 is plain weighted averaging.
         **kwargs: forwarded to :class:`~torch.nn.parallel.DistributedDataParallel`
             (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``.
 
@@ -117,7 +158,7 @@ class HeteroStrategy(DDPStrategy):
     def __init__(
         self,
         mode: Literal["bsp", "async", "local"] = "bsp",
-        controller: str | Controller = "proportional",
+        controller: str | Controller | None = None,
         batch_sizes: str | list[int] = "uniform",
         global_batch_size: int | None = None,
         min_batch_size: int = 1,
@@ -128,6 +169,12 @@ class HeteroStrategy(DDPStrategy):
         smoothing: float = 0.8,
         adjust_every: Literal["epoch"] | int = "epoch",
         weighted: bool = True,
+        lr_scaling: bool = True,
+        rpc_timeout: float = 300.0,
+        megabatch_size: int | None = None,
+        delta: float = 0.1,
+        perturb_threshold: float = 0.1,
+        gamma: float = 0.9,
         accelerator: "pl.accelerators.Accelerator | None" = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -140,11 +187,20 @@ class HeteroStrategy(DDPStrategy):
     ) -> None:
         if mode not in _MODES:
             raise ValueError(f"Unknown mode {mode!r}; expected one of {list(_MODES)}.")
-        if mode != "bsp":
-            raise NotImplementedError(
-                f"mode={mode!r} is not available in this version of lightning_hetero;"
-                " use mode='bsp'."
+        if mode != "bsp" and not weighted:
+            raise ValueError(
+                f"`weighted=False` is a BSP ablation; mode={mode!r} weights each rank by its"
+                " batch share (use `lr_scaling=False` for the unscaled ablation)."
             )
+        if mode != "bsp" and adjust_every != "epoch":
+            raise ValueError(
+                f"mode={mode!r} re-plans at epoch boundaries"
+                + (" and after every mega-batch" if mode == "local" else "")
+                + f"; `adjust_every` must be 'epoch', got {adjust_every!r}."
+            )
+        if not rpc_timeout > 0:
+            raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {rpc_timeout}.")
+        check_merge_options(delta, gamma, perturb_threshold, megabatch_size, global_batch_size)
         forbidden = [name for name in _FORBIDDEN_DDP_OPTIONS if kwargs.get(name) is not None]
         if forbidden:
             raise ValueError(
@@ -206,6 +262,8 @@ class HeteroStrategy(DDPStrategy):
                 if max_batch_size not in (None, "auto")
                 else None,
             )
+        if controller is None:
+            controller = "updates" if mode == "local" else "proportional"
         if isinstance(controller, str):
             controller = make_controller(controller, deadband=deadband)
         elif not isinstance(controller, Controller):
@@ -229,6 +287,24 @@ class HeteroStrategy(DDPStrategy):
         self.smoothing = smoothing
         self.adjust_every = adjust_every
         self.weighted = weighted
+        self.lr_scaling = lr_scaling
+        self.rpc_timeout = rpc_timeout
+        self.megabatch_size = megabatch_size
+        self.delta = delta
+        self.perturb_threshold = perturb_threshold
+        self.gamma = gamma
+        #: The parameter server (async mode, rank 0 only, while training).
+        self.server: ParameterServer | None = None
+        self._client: ServerClient | None = None
+        self._pushes = 0
+        self._seen_version = 0
+        self._share = (1, 1)
+        self._merger: ReplicaMerger | None = None
+        self._cursor: SharedCursor | None = None
+        self._run_id = ""
+        self._next_merge = 0  # local mode: the next mega-batch of the epoch to merge
+        self._megabatch_updates = 0
+        self._failed = False
         self._initial_plan = batch_sizes
         self._global_batch_size = global_batch_size
         self._min_batch_size = min_batch_size
@@ -242,8 +318,10 @@ class HeteroStrategy(DDPStrategy):
         self._capacities: list[float] | None = None
         self._restored_plan: list[int] | None = None
         self._user_shuffle: bool | None = None
-        self.sampler: GlobalBatchSampler | None = None
+        self.sampler: GlobalBatchSampler | MegaBatchSampler | None = None
         self.history: list[dict[str, Any]] = []
+        #: Local mode: one record per merge (weights, update counts, perturbation).
+        self.merges: list[dict[str, Any]] = []
         self._timer: HostStepTimer = HostStepTimer()
         self._hook_state: WeightedHookState | None = None
 
@@ -251,7 +329,7 @@ class HeteroStrategy(DDPStrategy):
     @property
     def batch_sizes(self) -> list[int]:
         """The current plan, one batch size per global rank (empty until it is known)."""
-        if self.sampler is not None:
+        if isinstance(self.sampler, GlobalBatchSampler):
             return self.sampler.batch_sizes
         if self._plan is not None:
             return list(self._plan)
@@ -279,6 +357,26 @@ class HeteroStrategy(DDPStrategy):
         trainer = self.lightning_module.trainer
         if not any(isinstance(cb, HeteroCallback) for cb in trainer.callbacks):
             trainer.callbacks.append(HeteroCallback())
+        if trainer.state.fn != TrainerFn.FITTING or self.mode == "bsp":
+            return
+        if self._layer_sync is not None:
+            raise ValueError(
+                f"mode={self.mode!r} does not synchronize ranks at every step; SyncBatchNorm"
+                " (`sync_batchnorm=True`) needs mode='bsp'."
+            )
+        self._failed = False
+        environment = self.cluster_environment
+        assert environment is not None
+        if self.mode == "async":
+            ServerClient.init_rpc(
+                self.global_rank, self.world_size, environment.main_address, self.rpc_timeout
+            )
+            self._client = ServerClient(self.global_rank, self.rpc_timeout)
+        else:
+            self._cursor = SharedCursor.connect(environment.main_address, environment.main_port)
+            run_id = [os.urandom(6).hex() if self.global_rank == 0 else None]
+            torch.distributed.broadcast_object_list(run_id, src=0)
+            self._run_id = str(run_id[0])
 
     @override
     def setup(self, trainer: "pl.Trainer") -> None:
@@ -286,6 +384,8 @@ class HeteroStrategy(DDPStrategy):
         super().setup(trainer)  # wraps the model in DDP and registers the hook
         if trainer.state.fn != TrainerFn.FITTING:
             return
+        if self.mode == "local":
+            self._check_local_trainer(trainer)
         if self._initial_plan in ("cores", "flops") and self._capacities is None:
             self._capacities = self._gather_capacities(self._initial_plan)
         self._watch_user_shuffle(trainer)
@@ -321,8 +421,33 @@ class HeteroStrategy(DDPStrategy):
         prepare_and_note_shuffle._hetero_wrapped = True  # type: ignore[attr-defined]
         connector._prepare_dataloader = prepare_and_note_shuffle
 
+    @staticmethod
+    def _check_local_trainer(trainer: "pl.Trainer") -> None:
+        # Ranks run different numbers of steps per epoch in local mode: anything counted in
+        # steps would stop or validate ranks at different points and leave the others waiting.
+        problems = []
+        if trainer.max_steps != -1:
+            problems.append(f"max_steps={trainer.max_steps}")
+        if trainer.limit_train_batches not in (1.0, None):
+            problems.append(f"limit_train_batches={trainer.limit_train_batches}")
+        if trainer.val_check_interval != 1.0:
+            problems.append(f"val_check_interval={trainer.val_check_interval}")
+        if problems:
+            raise ValueError(
+                "mode='local' gives ranks different numbers of steps per epoch, so training is"
+                f" counted in epochs only; remove {', '.join(problems)} from the Trainer."
+            )
+
+    @override
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.mode == "bsp":
+            return super()._setup_model(model)
+        return model  # no DDP: async pushes gradients to the server, local keeps replicas
+
     @override
     def _register_ddp_hooks(self) -> None:
+        if self.mode != "bsp":
+            return
         # DDPStrategy registers hooks on CUDA only; ours must run on every device.
         assert isinstance(self.model, DistributedDataParallel)
         self._hook_state = WeightedHookState(
@@ -378,9 +503,18 @@ class HeteroStrategy(DDPStrategy):
                 self._probe_memory(loader)
             self._plan = self._resolve_plan(loader.batch_size)
         epoch_sampler = EpochPermutation(len(loader.dataset), shuffle=shuffle, seed=seed)
-        self.sampler = GlobalBatchSampler(
-            epoch_sampler, self._plan, rank=self.global_rank, drop_last=loader.drop_last
-        )
+        if self.mode == "local":
+            assert self._cursor is not None and self._limits is not None
+            total = self._limits.global_batch_size
+            megabatch = self.megabatch_size or 10 * total
+            check_merge_options(self.delta, self.gamma, self.perturb_threshold, megabatch, total)
+            self.sampler = MegaBatchSampler(
+                epoch_sampler, self._cursor, self._plan[self.global_rank], megabatch, self._run_id
+            )
+        else:
+            self.sampler = GlobalBatchSampler(
+                epoch_sampler, self._plan, rank=self.global_rank, drop_last=loader.drop_last
+            )
         if type(loader) is not DataLoader:
             rank_zero_warn(
                 f"HeteroStrategy replaces the training {type(loader).__name__} by a plain"
@@ -400,6 +534,8 @@ class HeteroStrategy(DDPStrategy):
             persistent_workers=loader.persistent_workers,
             pin_memory_device=loader.pin_memory_device,
         )
+        if self.mode == "local":
+            return sliced
         lengths = [int(row[0]) for row in self.gather_rows([len(self.sampler)])]
         if len(set(lengths)) != 1:
             raise RuntimeError(
@@ -533,7 +669,10 @@ class HeteroStrategy(DDPStrategy):
             limits.min_batch_size,
             limits.max_batch_size,
         )
-        self.sampler.set_plan(plan, from_step)
+        if isinstance(self.sampler, MegaBatchSampler):
+            self.sampler.set_batch_size(plan[self.global_rank])  # from this rank's next claim
+        else:
+            self.sampler.set_plan(plan, from_step)
         self._plan = plan
 
     def restore_plan(self, batch_sizes: Sequence[int]) -> None:
@@ -574,21 +713,239 @@ class HeteroStrategy(DDPStrategy):
 
     # ---------------------------------------------------------------- step
     @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.mode == "async":
+            if self.global_rank == 0:
+                self.server = ParameterServer(self.optimizers, self.world_size, self.lr_scaling)
+                ServerClient.start_server(self.server)
+            self._synchronize("the start of training")  # every rank starts from the server
+        elif self.mode == "local":
+            module = self.lightning_module
+            for tensor in [*module.parameters(), *module.buffers()]:
+                if torch.distributed.is_initialized():
+                    torch.distributed.broadcast(tensor.data, src=0)
+            self._merger = ReplicaMerger(module, self.global_rank, self.gamma)
+
+    @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
-        if self.sampler is None or self._hook_state is None:
+        if isinstance(self.sampler, MegaBatchSampler):
+            megabatch, local = self.sampler.tags.popleft()
+            while self._next_merge < megabatch:
+                self._merge_megabatch()
+            self._megabatch_updates += 1
+            plan = self.batch_sizes
+            self._share = (local, sum(plan))
+            if local == plan[self.global_rank]:
+                self._timer.start(local)
+            return
+        if self.sampler is None:
             return
         step = min(batch_idx, len(self.sampler) - 1)
         _, sizes = self.sampler.layout(step)
         local = sizes[self.global_rank]
-        self._hook_state.weight = local / sum(sizes)
+        self._share = (local, sum(sizes))
+        if self._hook_state is not None:
+            self._hook_state.weight = local / sum(sizes)
         if sizes == self.sampler.plan_at(step):
             self._timer.start(local)  # irregular tail steps would restart the smoothing
 
     @override
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         super().post_backward(closure_loss)
+        if self.mode == "async":
+            self._timer.grads_ready()  # the push that follows counts as waiting
+        else:
+            self._timer.backward_done()
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Any,
+        model: "pl.LightningModule | torch.nn.Module | None" = None,
+        **kwargs: Any,
+    ) -> Any:
+        if self.mode == "bsp":
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self.mode == "local":
+            local, total = self._share
+            factor = local * self.world_size / total if self.lr_scaling else 1.0
+            with _scaled_lr(optimizer, factor):
+                return super().optimizer_step(optimizer, closure, model, **kwargs)
+        index = next(i for i, opt in enumerate(self.optimizers) if opt is optimizer)
+
+        def push_instead_of_step(closure: Any = None, **_: Any) -> Any:
+            loss = closure() if closure is not None else None
+            self._push(index, optimizer)
+            return loss
+
+        # Precision plugins call `optimizer.step`; the server steps instead of this rank.
+        with _patched(optimizer, {"step": push_instead_of_step}):
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        optimizer._opt_called = True  # type: ignore[attr-defined]  # LR schedulers check it
+        return output
+
+    # ---------------------------------------------------------------- async mode
+    def _push(self, index: int, optimizer: torch.optim.Optimizer) -> None:
+        assert self._client is not None
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [None if p.grad is None else p.grad.detach().to("cpu", copy=True) for p in params]
+        lrs = [float(group["lr"]) for group in optimizer.param_groups]
+        local, total = self._share
+        result = self._client.push(index, grads, local, total, lrs, self._seen_version)
+        self._load(params, result.params)
+        self._seen_version = result.version
+        self._pushes += 1
         self._timer.backward_done()
+
+    def _pull_all(self) -> None:
+        """Load the server's latest parameters into this rank's model."""
+        assert self._client is not None
+        for index, optimizer in enumerate(self.optimizers):
+            result = self._client.pull(index)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self._load(params, result.params)
+            self._seen_version = result.version
+
+    @staticmethod
+    def _load(params: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for param, value in zip(params, values):
+                param.copy_(value)
+
+    def _synchronize(self, point: str) -> None:
+        """Async mode: wait for every rank, then load the server's model everywhere."""
+        with self._guard(f"the barrier at {point}"):
+            self.barrier()  # every push of every rank has been applied
+        self._pull_all()
+        buffers = [b for b in self.lightning_module.buffers() if b.dtype.is_floating_point]
+        with self._guard(f"the second barrier at {point}"), torch.no_grad():
+            for buffer in buffers:  # BatchNorm statistics would stay per rank otherwise
+                torch.distributed.all_reduce(buffer)
+                buffer.div_(self.world_size)
+            self.barrier()  # no rank tears the server down while another still pulls
+
+    @contextmanager
+    def _guard(self, operation: str) -> Iterator[None]:
+        """Name the ranks that stopped answering when a collective fails (async mode)."""
+        try:
+            yield
+        except Exception as err:
+            self._failed = True
+            if self._client is None:
+                raise
+            gone = self._client.unreachable(range(self.world_size))
+            if not gone:
+                raise
+            raise RuntimeError(
+                f"hetero: {operation} failed on rank {self.global_rank}: rank(s) {gone} no longer"
+                f" answer ({type(err).__name__}: {err}). The parameter server applies each"
+                " update whole, so its model holds only complete updates; resume from the last"
+                " checkpoint with `trainer.fit(..., ckpt_path=...)`."
+            ) from err
+
+    def guarded(self, operation: str) -> Any:
+        """Context manager for a collective: a failure names ranks that stopped answering."""
+        return self._guard(operation)
+
+    # ---------------------------------------------------------------- local mode
+    def _merge_megabatch(self) -> None:
+        """Merge the replicas after mega-batch ``_next_merge`` and re-plan (every rank)."""
+        assert self._merger is not None
+        rows = self.gather_rows([self._megabatch_updates, self._merger.norm_per_parameter()])
+        updates = [int(row[0]) for row in rows]
+        weights = merge_weights(
+            self.batch_sizes,
+            updates,
+            [row[1] for row in rows],
+            delta=self.delta,
+            threshold=self.perturb_threshold,
+        )
+        self._merger.merge(weights.weights)
+        self.merges.append(
+            {
+                "epoch": self.lightning_module.trainer.current_epoch,
+                "megabatch": self._next_merge,
+                "batch_sizes": self.batch_sizes,
+                "updates": updates,
+                "weights": weights.weights,
+                "perturbed": weights.perturbed,
+            }
+        )
+        self._next_merge += 1
+        self._megabatch_updates = 0
+        callback = self._callback()
+        callback.boundary(self.lightning_module.trainer, self, updates=updates)
+
+    def finish_epoch(self) -> None:
+        """Local mode: merge the mega-batches of this epoch not merged yet (every rank)."""
+        if not isinstance(self.sampler, MegaBatchSampler):
+            return
+        while self._next_merge < self.sampler.num_megabatches:
+            self._merge_megabatch()
+
+    def start_epoch(self) -> None:
+        """Local mode: a new epoch's mega-batches start at 0."""
+        self._next_merge = 0
+        self._megabatch_updates = 0
+
+    def _callback(self) -> "HeteroCallback":
+        from lightning_hetero.callback import HeteroCallback
+
+        trainer = self.lightning_module.trainer
+        return next(cb for cb in trainer.callbacks if isinstance(cb, HeteroCallback))
+
+    # ---------------------------------------------------------------- models and checkpoints
+    @override
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        trainer = self.lightning_module.trainer
+        if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking:
+            return
+        if self.mode == "async" and self._client is not None:
+            self._synchronize("validation")  # validate the server's model
+        elif self.mode == "local":
+            self.finish_epoch()  # validate the merged model
+
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self.mode == "async" and self._client is not None:
+            self._synchronize("the end of training")
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if self.server is not None:
+            self._pull_all()  # rank 0: checkpoints hold the server's model
+        return super().lightning_module_state_dict()
+
+    @override
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        if self.server is None:
+            return super().optimizer_state(optimizer)
+        raw = getattr(optimizer, "_optimizer", optimizer)
+        index = next(i for i, opt in enumerate(self.optimizers) if opt is raw)
+        return self.server.optimizer_state(index)
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        self._failed = True
+        super().on_exception(exception)
+
+    @override
+    def teardown(self) -> None:
+        if self.server is not None:
+            # Later `trainer.save_checkpoint` calls save the optimizers: give them the server's.
+            for index, optimizer in enumerate(self.optimizers):
+                optimizer.load_state_dict(self.server.optimizer_state(index))
+        if self._client is not None:
+            ServerClient.stop_server()
+            ServerClient.shutdown(graceful=not self._failed)
+            self._client = None
+            self.server = None
+        super().teardown()
 
     @classmethod
     @override

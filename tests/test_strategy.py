@@ -40,10 +40,32 @@ def test_bad_options_fail_at_construction_with_a_clear_message(kwargs, message):
         HeteroStrategy(**kwargs)
 
 
-@pytest.mark.parametrize("mode", ["async", "local"])
-def test_modes_not_built_yet_say_so(mode):
-    with pytest.raises(NotImplementedError, match="mode='bsp'"):
-        HeteroStrategy(mode=mode)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "async", "weighted": False}, "lr_scaling=False"),
+        ({"mode": "local", "weighted": False}, "BSP ablation"),
+        ({"mode": "async", "adjust_every": 4}, "re-plans at epoch boundaries"),
+        ({"mode": "local", "adjust_every": 4}, "after every mega-batch"),
+        ({"mode": "async", "rpc_timeout": 0}, "rpc_timeout"),
+        ({"mode": "local", "megabatch_size": 32, "global_batch_size": 64}, "32.*64"),
+        ({"mode": "local", "delta": -0.1}, "delta"),
+        ({"mode": "local", "gamma": -0.5}, "gamma"),
+        ({"mode": "local", "gamma": 1.0}, "gamma"),
+        ({"mode": "local", "perturb_threshold": 0.0}, "threshold"),
+    ],
+)
+def test_bad_mode_options_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HeteroStrategy(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("mode", "controller"),
+    [("bsp", "proportional"), ("async", "proportional"), ("local", "updates")],
+)
+def test_each_mode_has_its_default_controller(mode, controller):
+    assert HeteroStrategy(mode=mode).controller.name == controller
 
 
 def test_controller_by_name_gets_the_deadband_and_objects_are_kept():

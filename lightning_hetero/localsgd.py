@@ -1,0 +1,75 @@
+"""Replica merging of ``mode="local"`` (paper 004, Algorithm 2): the torch half.
+
+The weights come from :func:`lightning_hetero.planning.merge_weights` (pure numbers);
+this module applies them: a weighted all-reduce of every replica's parameters, then the
+merge momentum ``w' = sum_k alpha_k w_k + gamma * (w - w_prev)``.
+"""
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from lightning_hetero.planning.merge import momentum_merge
+
+__all__ = ["ReplicaMerger"]
+
+
+class ReplicaMerger:
+    """Merges this rank's model replica with every other rank's.
+
+    Args:
+        module: the replica (every floating-point parameter and buffer is merged).
+        rank: this rank.
+        gamma: merge momentum in ``[0, 1)``; 0 is the plain weighted average.
+
+    Floating-point buffers (e.g. BatchNorm statistics) are averaged with the same
+    weights but without momentum; integer buffers (step counters) are left alone.
+    """
+
+    def __init__(self, module: torch.nn.Module, rank: int, gamma: float) -> None:
+        self.rank = rank
+        self.gamma = gamma
+        self.params = [p for p in module.parameters() if p.dtype.is_floating_point]
+        self.buffers = [b for b in module.buffers() if b.dtype.is_floating_point]
+        self.merges = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Take the replica as it is now as both the global and the previous global model."""
+        with torch.no_grad():
+            self._global = parameters_to_vector(self.params).clone() if self.params else None
+        self._previous = self._global
+
+    def norm_per_parameter(self) -> float:
+        """This replica's L2 norm divided by its number of parameters (paper 004's test)."""
+        if not self.params:
+            return 0.0
+        with torch.no_grad():
+            flat = parameters_to_vector(self.params)
+        return float(flat.norm()) / flat.numel()
+
+    def merge(self, weights: Sequence[float], group: dist.ProcessGroup | None = None) -> None:
+        """Replace every rank's replica by the merged model (call on all ranks together)."""
+        weight = float(weights[self.rank])
+        with torch.no_grad():
+            if self.params:
+                merged = parameters_to_vector(self.params) * weight
+                self._all_reduce(merged, group)
+                assert self._global is not None and self._previous is not None
+                if self.gamma > 0:
+                    merged = momentum_merge(merged, self._global, self._previous, self.gamma)
+                self._previous, self._global = self._global, merged
+                vector_to_parameters(merged.clone(), self.params)
+            if self.buffers:
+                total = float(sum(weights))
+                averaged = parameters_to_vector(self.buffers) * (weight / total)
+                self._all_reduce(averaged, group)
+                vector_to_parameters(averaged, self.buffers)
+        self.merges += 1
+
+    @staticmethod
+    def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(tensor, group=group)

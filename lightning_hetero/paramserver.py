@@ -1,0 +1,296 @@
+"""The parameter server of ``mode="async"`` (paper 002, Algorithm 2) and its RPC plumbing.
+
+The server lives in rank 0's process. It owns a CPU copy of the trained parameters and a
+copy of each of the user's optimizers, and applies every pushed gradient as soon as it
+arrives, one push at a time, with the learning rate scaled by the pushing rank's batch
+share ``b_k / B`` (paper 002 Eq. 5b). Workers reach it through ``torch.distributed.rpc``
+(TensorPipe); rank 0's own worker calls it directly. RPC requests run on the RPC agent's
+threads, so the server keeps serving while rank 0's training loop is busy.
+"""
+
+import copy
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.rpc as rpc
+from torch.optim import Optimizer
+
+__all__ = ["ParameterServer", "PushResult", "ServerClient", "free_port", "worker_name"]
+
+
+@dataclass
+class PushResult:
+    """What a push returns: the server's parameters after the update, and their version."""
+
+    params: list[torch.Tensor]
+    version: int
+
+
+@dataclass
+class _RankCounters:
+    updates: int = 0
+    staleness_sum: int = 0
+    staleness_max: int = 0
+
+
+@dataclass
+class _Slot:
+    """One of the user's optimizers on the server, with the parameters it steps."""
+
+    optimizer: Optimizer
+    params: list[torch.Tensor] = field(default_factory=list)
+
+
+def _to_cpu(optimizer: Optimizer) -> None:
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.data = param.data.cpu()
+            if param.grad is not None:
+                param.grad = None
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.cpu()
+
+
+class ParameterServer:
+    """A parameter server for asynchronous SGD with batch-share learning-rate scaling.
+
+    Args:
+        optimizers: the user's optimizers on rank 0 (after any checkpoint was restored);
+            each is deep-copied with its parameters and state, onto the CPU.
+        world_size: number of workers.
+        lr_scaling: scale each update's learning rate by ``b_k / B``; ``False`` applies
+            every push with the full learning rate (for ablations).
+
+    Pushes are serialized by a lock: an update is applied whole or not at all, and a
+    push that arrives while another is applied waits for it.
+    """
+
+    def __init__(
+        self, optimizers: Sequence[Optimizer], world_size: int, lr_scaling: bool = True
+    ) -> None:
+        self.lr_scaling = lr_scaling
+        self.world_size = world_size
+        self.version = 0
+        self._lock = threading.Lock()
+        self._slots: list[_Slot] = []
+        for optimizer in optimizers:
+            clone = copy.deepcopy(optimizer)
+            _to_cpu(clone)
+            params = [p for group in clone.param_groups for p in group["params"]]
+            self._slots.append(_Slot(clone, params))
+        self._counters = [_RankCounters() for _ in range(world_size)]
+        self._epoch_counters = [_RankCounters() for _ in range(world_size)]
+
+    # ---------------------------------------------------------------- requests
+    def push(
+        self,
+        rank: int,
+        index: int,
+        grads: Sequence[torch.Tensor | None],
+        batch_size: int,
+        global_batch_size: int,
+        lrs: Sequence[float],
+        seen_version: int,
+    ) -> PushResult:
+        """Apply rank ``rank``'s gradient to optimizer ``index``'s parameters.
+
+        ``grads`` are the mean gradients over the rank's ``batch_size`` samples (``None``
+        for parameters without one), ``lrs`` the learning rate of each of the rank's
+        parameter groups (its LR schedulers keep setting them), and ``seen_version`` the
+        version of the parameters the gradient was computed on; the difference to the
+        server's version is the update's staleness.
+        """
+        slot = self._slot(index)
+        if len(grads) != len(slot.params):
+            raise ValueError(
+                f"rank {rank} pushed {len(grads)} gradients for optimizer {index}, which steps"
+                f" {len(slot.params)} parameters."
+            )
+        groups = slot.optimizer.param_groups
+        if len(lrs) != len(groups):
+            raise ValueError(
+                f"rank {rank} sent {len(lrs)} learning rates for {len(groups)} parameter groups."
+            )
+        if not 0 < batch_size <= global_batch_size:
+            raise ValueError(
+                f"rank {rank} pushed a batch of {batch_size} out of a global batch of"
+                f" {global_batch_size}."
+            )
+        share = batch_size / global_batch_size if self.lr_scaling else 1.0
+        with self._lock:
+            for param, grad in zip(slot.params, grads):
+                param.grad = None if grad is None else grad.to(param.device, param.dtype)
+            for group, lr in zip(groups, lrs):
+                group["lr"] = lr * share
+            try:
+                slot.optimizer.step()
+            finally:
+                for group, lr in zip(groups, lrs):
+                    group["lr"] = lr  # keep the schedule's value in the saved state
+                for param in slot.params:
+                    param.grad = None
+            staleness = max(self.version - seen_version, 0)
+            self.version += 1
+            for counters in (self._counters[rank], self._epoch_counters[rank]):
+                counters.updates += 1
+                counters.staleness_sum += staleness
+                counters.staleness_max = max(counters.staleness_max, staleness)
+            return PushResult([p.detach().clone() for p in slot.params], self.version)
+
+    def pull(self, index: int) -> PushResult:
+        """The current parameters of optimizer ``index`` and their version."""
+        slot = self._slot(index)
+        with self._lock:
+            return PushResult([p.detach().clone() for p in slot.params], self.version)
+
+    def _slot(self, index: int) -> _Slot:
+        if not 0 <= index < len(self._slots):
+            raise IndexError(f"the server holds {len(self._slots)} optimizers, not {index + 1}.")
+        return self._slots[index]
+
+    # ---------------------------------------------------------------- state
+    def optimizer_state(self, index: int) -> dict[str, Any]:
+        """The state dict of the server's copy of optimizer ``index``."""
+        with self._lock:
+            return copy.deepcopy(self._slot(index).optimizer.state_dict())
+
+    @property
+    def updates(self) -> list[int]:
+        """Updates applied per rank since the server started."""
+        return [c.updates for c in self._counters]
+
+    def take_epoch_stats(self) -> dict[str, list[float]]:
+        """Per-rank update counts and mean/max staleness since the last call; resets them."""
+        with self._lock:
+            counters, self._epoch_counters = (
+                self._epoch_counters,
+                [_RankCounters() for _ in range(self.world_size)],
+            )
+        return {
+            "updates": [float(c.updates) for c in counters],
+            "staleness": [c.staleness_sum / c.updates if c.updates else 0.0 for c in counters],
+            "staleness_max": [float(c.staleness_max) for c in counters],
+        }
+
+
+# -------------------------------------------------------------------- RPC plumbing
+#: The server of this process (rank 0 only), reached by the module-level RPC targets.
+_SERVER: ParameterServer | None = None
+
+
+def _server() -> ParameterServer:
+    if _SERVER is None:
+        raise RuntimeError("hetero: this process hosts no parameter server.")
+    return _SERVER
+
+
+def _remote_push(*args: Any) -> PushResult:
+    return _server().push(*args)
+
+
+def _remote_pull(index: int) -> PushResult:
+    return _server().pull(index)
+
+
+def _remote_ping() -> bool:
+    return True
+
+
+def worker_name(rank: int) -> str:
+    """The RPC name of rank ``rank``."""
+    return f"hetero{rank}"
+
+
+def free_port(host: str) -> int:
+    """A TCP port on ``host`` that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerClient:
+    """How a worker talks to the server: directly on rank 0, over RPC elsewhere.
+
+    Args:
+        rank: this worker's global rank.
+        timeout: seconds an RPC may take before it fails with an error naming the rank
+            and the request.
+    """
+
+    def __init__(self, rank: int, timeout: float) -> None:
+        self.rank = rank
+        self.timeout = timeout
+
+    @staticmethod
+    def init_rpc(rank: int, world_size: int, host: str, timeout: float) -> None:
+        """Join the RPC group on a port rank 0 picks and broadcasts over the process group."""
+        port = [free_port(host) if rank == 0 else None]
+        dist.broadcast_object_list(port, src=0)
+        options = rpc.TensorPipeRpcBackendOptions(
+            init_method=f"tcp://{host}:{port[0]}", rpc_timeout=timeout
+        )
+        rpc.init_rpc(
+            worker_name(rank), rank=rank, world_size=world_size, rpc_backend_options=options
+        )
+
+    @staticmethod
+    def start_server(server: ParameterServer) -> None:
+        global _SERVER
+        _SERVER = server
+
+    @staticmethod
+    def stop_server() -> None:
+        global _SERVER
+        _SERVER = None
+
+    def _call(self, what: str, function: Any, *args: Any) -> Any:
+        if self.rank == 0:
+            return function(*args)
+        try:
+            return rpc.rpc_sync(worker_name(0), function, args=args, timeout=self.timeout)
+        except RuntimeError as err:
+            if "timeout" in str(err).lower() or "timed out" in str(err).lower():
+                raise RuntimeError(
+                    f"hetero: rank {self.rank}: the parameter server (rank 0) did not answer a"
+                    f" {what} within rpc_timeout={self.timeout:g} s. Raise `rpc_timeout` if the"
+                    " server is just slow; otherwise rank 0 has stopped."
+                ) from err
+            raise RuntimeError(
+                f"hetero: rank {self.rank}: a {what} to the parameter server (rank 0) failed: {err}"
+            ) from err
+
+    def push(self, *args: Any) -> PushResult:
+        """:meth:`ParameterServer.push` on the server."""
+        return self._call("push", _remote_push, self.rank, *args)
+
+    def pull(self, index: int) -> PushResult:
+        """:meth:`ParameterServer.pull` on the server."""
+        return self._call("pull", _remote_pull, index)
+
+    def unreachable(self, ranks: Sequence[int], timeout: float = 5.0) -> list[int]:
+        """Which of ``ranks`` do not answer a ping within ``timeout`` seconds."""
+        futures = {
+            rank: rpc.rpc_async(worker_name(rank), _remote_ping, timeout=timeout)
+            for rank in ranks
+            if rank != self.rank
+        }
+        missing = []
+        for rank, future in futures.items():
+            try:
+                future.wait()
+            except Exception:
+                missing.append(rank)
+        return missing
+
+    @staticmethod
+    def shutdown(graceful: bool, timeout: timedelta = timedelta(seconds=60)) -> None:
+        if rpc.api._is_current_rpc_agent_set():
+            rpc.shutdown(graceful=graceful, timeout=timeout.total_seconds())

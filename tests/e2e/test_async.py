@@ -1,0 +1,74 @@
+"""Async (parameter server) mode on 3 gloo ranks, launched as a user would."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from tests.e2e.async_run import TRUE_B, TRUE_W
+from tests.e2e.launch import HERE, run_script
+
+
+def run(tmp_path, name, expect_failure=False, **config):
+    out = tmp_path / f"{name}.json"
+    config = {"out": str(out), **config}
+    if expect_failure:
+        proc = subprocess.run(
+            [sys.executable, "async_run.py", json.dumps(config)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=HERE,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+        )
+        assert proc.returncode != 0
+        return proc.stdout + proc.stderr
+    run_script("async_run.py", json.dumps(config), timeout=240)
+    return json.loads(out.read_text())
+
+
+def distance_to_optimum(report) -> float:
+    weight = torch.tensor(report["weight"])
+    return float((weight - TRUE_W.flatten()).abs().max().item() + abs(report["bias"] - TRUE_B))
+
+
+def test_async_converges_to_the_least_squares_optimum_like_bsp(tmp_path):
+    asynchronous = run(tmp_path, "async", mode="async", epochs=12, lr=0.1)
+    synchronous = run(tmp_path, "bsp", mode="bsp", epochs=12, lr=0.1)
+    assert distance_to_optimum(synchronous) < 1e-3
+    assert distance_to_optimum(asynchronous) < 1e-3
+    # every push reached the server, and nothing else did
+    assert asynchronous["server_updates"] == asynchronous["pushes"]
+    assert sum(asynchronous["pushes"]) == 3 * 12 * (384 // 48)
+    last = asynchronous["history"][-1]
+    assert last["updates"] == [8.0, 8.0, 8.0] and len(last["staleness"]) == 3
+
+
+def test_server_state_survives_a_checkpoint_and_resume(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    saved = tmp_path / "server.pt"
+    common = {"mode": "async", "lr": 0.02, "momentum": 0.9, "ckpt_dir": str(ckpt)}
+    run(tmp_path, "first", epochs=2, save_server=str(saved), **common)
+    report = run(
+        tmp_path,
+        "resumed",
+        epochs=3,
+        resume=str(ckpt / "last.ckpt"),
+        check_server=str(saved),
+        **common,
+    )
+    assert report["checked"] == {"params_equal": True, "momentum_equal": True}
+
+
+def test_a_worker_that_dies_is_named_and_a_resume_finishes(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    common = {"mode": "async", "lr": 0.05, "ckpt_dir": str(ckpt), "rpc_timeout": 30}
+    failure = run(
+        tmp_path, "killed", expect_failure=True, epochs=3, kill_rank=2, kill_step=12, **common
+    )
+    assert "rank(s) [2]" in failure
+    report = run(tmp_path, "resumed", epochs=3, resume=str(ckpt / "last.ckpt"), **common)
+    assert len(report["history"]) == 3  # epoch 0 from the checkpoint, then epochs 1 and 2
+    assert all(torch.isfinite(torch.tensor(report["weight"])))
