@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from lightning_hetero.planning import RankStats, TimingSmoother, balance_efficiency
 from lightning_hetero.resources import ResourceMeter
+from lightning_hetero.sampler import GlobalBatchSampler
 
 if TYPE_CHECKING:
     from lightning_hetero.strategy import HeteroStrategy
@@ -143,10 +144,11 @@ class HeteroCallback(Callback):
         started = time.perf_counter()
         s = self._smoother
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
+        # batches this rank's loader has drawn this epoch (local mode claims no fixed steps)
+        drawn = sampler.cursor if isinstance(sampler, GlobalBatchSampler) else 0
         with strategy.guarded("the boundary's all-gather"):
             rows = strategy.gather_rows(
-                [s.batch_size, s.compute_s, s.wait_s, s.steps, getattr(sampler, "cursor", 0)]
-                + list(readings)
+                [s.batch_size, s.compute_s, s.wait_s, s.steps, drawn] + list(readings)
             )
         measured = [int(row[0]) for row in rows]
         compute_s = [row[1] for row in rows]

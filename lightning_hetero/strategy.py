@@ -16,6 +16,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.data import _is_dataloader_shuffled
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
@@ -386,6 +387,8 @@ class HeteroStrategy(DDPStrategy):
             return
         if self.mode == "local":
             self._check_local_trainer(trainer)
+        if self.mode != "bsp":
+            self._drop_per_step_broadcast(trainer)
         if self._initial_plan in ("cores", "flops") and self._capacities is None:
             self._capacities = self._gather_capacities(self._initial_plan)
         self._watch_user_shuffle(trainer)
@@ -420,6 +423,21 @@ class HeteroStrategy(DDPStrategy):
 
         prepare_and_note_shuffle._hetero_wrapped = True  # type: ignore[attr-defined]
         connector._prepare_dataloader = prepare_and_note_shuffle
+
+    @staticmethod
+    def _drop_per_step_broadcast(trainer: "pl.Trainer") -> None:
+        # Lightning >= 2.6 broadcasts rank 0's SIGTERM flag before every training step: a
+        # collective that would tie async ranks to rank 0's pace, and deadlock local mode,
+        # where ranks make different numbers of steps. Each rank checks its own flag instead.
+        loop = trainer.fit_loop.epoch_loop
+        if not hasattr(loop, "_broadcast_sigterm_tensor"):
+            return
+
+        def check_own_sigterm() -> None:
+            if getattr(trainer, "received_sigterm", False):
+                raise SIGTERMException()
+
+        loop._broadcast_sigterm_tensor = check_own_sigterm
 
     @staticmethod
     def _check_local_trainer(trainer: "pl.Trainer") -> None:

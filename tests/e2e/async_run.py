@@ -56,8 +56,18 @@ class Probe(Callback):
         self.config = config
         self.checked = None
         self.server_updates = None
+        self.samples = 0
+        self.samples_per_epoch = []  # rank 0: all ranks' samples trained in each epoch
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.samples = 0
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        rows = trainer.strategy.gather_rows([self.samples])
+        self.samples_per_epoch.append([int(row[0]) for row in rows])
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.samples += len(batch[0])
         config = self.config
         if trainer.global_rank == config.get("kill_rank") and trainer.global_step == config.get(
             "kill_step"
@@ -136,6 +146,7 @@ def main() -> None:
             "merges": strategy.merges,
             "checked": probe.checked,
             "server_updates": probe.server_updates,
+            "samples_per_epoch": probe.samples_per_epoch,
             "batch_sizes": strategy.batch_sizes,
         }
         with open(config["out"], "w") as handle:
