@@ -66,6 +66,14 @@ def _patched(obj: object, attributes: dict[str, Any]) -> Iterator[None]:
             delattr(obj, name)
 
 
+def _add_note(error: BaseException, note: str) -> None:
+    """Attach ``note`` to ``error``'s message (``add_note`` where Python has it)."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10
+        error.args = (f"{error.args[0] if error.args else ''}\n{note}", *error.args[1:])
+
+
 @contextmanager
 def _scaled_lr(optimizer: torch.optim.Optimizer, factor: float) -> Iterator[None]:
     """Multiply every group's learning rate by ``factor`` for the duration of the block."""
@@ -835,38 +843,24 @@ class HeteroStrategy(DDPStrategy):
 
     def _synchronize(self, point: str) -> None:
         """Async mode: wait for every rank, then load the server's model everywhere."""
-        with self._guard(f"the barrier at {point}"):
+        with self.guarded(f"the barrier at {point}"):
             self.barrier()  # every push of every rank has been applied
         self._pull_all()
         buffers = [b for b in self.lightning_module.buffers() if b.dtype.is_floating_point]
-        with self._guard(f"the second barrier at {point}"), torch.no_grad():
+        with self.guarded(f"the second barrier at {point}"), torch.no_grad():
             for buffer in buffers:  # BatchNorm statistics would stay per rank otherwise
                 torch.distributed.all_reduce(buffer)
                 buffer.div_(self.world_size)
             self.barrier()  # no rank tears the server down while another still pulls
 
     @contextmanager
-    def _guard(self, operation: str) -> Iterator[None]:
-        """Name the ranks that stopped answering when a collective fails (async mode)."""
+    def guarded(self, operation: str) -> Iterator[None]:
+        """Run a collective; if it fails, the error says which operation on which rank."""
         try:
             yield
         except Exception as err:
-            self._failed = True
-            if self._client is None:
-                raise
-            gone = self._client.unreachable(range(self.world_size))
-            if not gone:
-                raise
-            raise RuntimeError(
-                f"hetero: {operation} failed on rank {self.global_rank}: rank(s) {gone} no longer"
-                f" answer ({type(err).__name__}: {err}). The parameter server applies each"
-                " update whole, so its model holds only complete updates; resume from the last"
-                " checkpoint with `trainer.fit(..., ckpt_path=...)`."
-            ) from err
-
-    def guarded(self, operation: str) -> Any:
-        """Context manager for a collective: a failure names ranks that stopped answering."""
-        return self._guard(operation)
+            _add_note(err, f"hetero: {operation} failed on rank {self.global_rank}.")
+            raise
 
     # ---------------------------------------------------------------- local mode
     def _merge_megabatch(self) -> None:
@@ -950,6 +944,16 @@ class HeteroStrategy(DDPStrategy):
     @override
     def on_exception(self, exception: BaseException) -> None:
         self._failed = True
+        if self._client is not None and isinstance(exception, Exception):
+            gone = self._client.unreachable(range(self.world_size))
+            if gone:
+                _add_note(
+                    exception,
+                    f"hetero: rank(s) {gone} no longer answer: the rank that died, and any that"
+                    " stopped after it. The parameter server applies each update whole, so its"
+                    " model holds only complete updates; resume from the last checkpoint with"
+                    " `trainer.fit(..., ckpt_path=...)`.",
+                )
         super().on_exception(exception)
 
     @override
