@@ -3,6 +3,7 @@
     python -m lightning_hetero.bench                      # HL1, HL2, HL4, HL8; 3 repeats
     python -m lightning_hetero.bench --levels HL4 --repeats 1 --epochs 5
     python -m lightning_hetero.bench --simulate           # controllers on the simulator
+    python -m lightning_hetero.bench --modes              # time-to-accuracy of the modes
 
 Every repeat runs both strategies back to back (alternating which goes first) on the
 same emulated cluster: 4 gloo ranks on this machine, each slowed by
@@ -20,6 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from lightning_hetero.bench.modes import CONFIGS, measure_modes, modes_report
 from lightning_hetero.bench.run import launch
 from lightning_hetero.bench.simulate import (
     DEFAULT_CONTROLLERS,
@@ -131,11 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--levels",
         nargs="+",
-        default=list(HETEROGENEITY_LEVELS),
         choices=list(HETEROGENEITY_LEVELS),
+        help="default: all levels; HL4 HL8 with --modes",
     )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, help="default: 6; 8 with --modes")
     parser.add_argument(
         "--base-cost",
         type=float,
@@ -176,7 +178,28 @@ def main(argv: list[str] | None = None) -> None:
         action="store_false",
         help="leave out the LB-BSP predictor table",
     )
+    modes = parser.add_argument_group(
+        "modes",
+        "time-to-accuracy of uniform DDP and HeteroStrategy's modes (validation every epoch)",
+    )
+    modes.add_argument("--modes", action="store_true", help="run the mode benchmark")
+    modes.add_argument(
+        "--target",
+        type=float,
+        nargs="+",
+        default=[0.9],
+        help="validation accuracy of time-to-accuracy; one table per target",
+    )
+    modes.add_argument(
+        "--configs",
+        nargs="+",
+        default=list(CONFIGS),
+        choices=list(CONFIGS),
+        help="configurations to compare (default: all)",
+    )
     args = parser.parse_args(argv)
+    if args.simulate and args.modes:
+        parser.error("--simulate and --modes are separate benchmarks; pick one")
     if args.simulate:
         if args.seeds < 1:
             parser.error("need --seeds >= 1")
@@ -187,6 +210,11 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as err:
             parser.error(str(err))
         return
+    if args.modes:
+        _run_modes(parser, args)
+        return
+    args.levels = args.levels or list(HETEROGENEITY_LEVELS)
+    args.epochs = 6 if args.epochs is None else args.epochs
     if args.repeats < 1 or args.epochs <= args.skip:
         parser.error("need --repeats >= 1 and --epochs > --skip")
     adjust_every = args.adjust_every
@@ -204,6 +232,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
     print(report(raw, args.skip))
+
+
+def _run_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    levels = args.levels or ["HL4", "HL8"]
+    epochs = 8 if args.epochs is None else args.epochs
+    if args.repeats < 1 or epochs < 1:
+        parser.error("need --repeats >= 1 and --epochs >= 1")
+    for target in args.target:
+        if not 0.0 < target <= 1.0:
+            parser.error(f"--target must be an accuracy in (0, 1], got {target}")
+    if args.base_cost < 0:
+        parser.error(f"--base-cost must be >= 0, got {args.base_cost}")
+    configs = list(dict.fromkeys(args.configs))
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = measure_modes(levels, args.repeats, epochs, args.base_cost, Path(tmp), configs)
+    if args.json:
+        args.json.write_text(json.dumps(raw, indent=1))
+    print("\n".join(modes_report(raw, target, configs) for target in args.target))
 
 
 if __name__ == "__main__":

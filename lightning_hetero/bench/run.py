@@ -9,6 +9,7 @@ a JSON summary to ``result`` when the run ends.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -22,8 +23,9 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 
-__all__ = ["EpochTimer", "RunConfig", "launch", "run"]
+__all__ = ["AccuracyCurve", "EpochTimer", "RunConfig", "launch", "run"]
 
 
 @dataclass
@@ -49,23 +51,80 @@ class RunConfig:
     log_dir: str | None = None
     checkpoint_dir: str | None = None
     resume_from: str | None = None
-    validate: bool = True
+    validate: bool = True  # validate once after fit
+    val_every_epoch: bool = False  # validate after every epoch during fit: accuracy_curve
     result: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _validating_in_fit(trainer: pl.Trainer) -> bool:
+    return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+
+
 class EpochTimer(Callback):
-    """Wall time of each training epoch, as rank 0 sees it (ranks move in lock-step)."""
+    """Wall time of each training epoch, as rank 0 sees it (ranks move in lock-step).
+
+    Validation during fit runs inside the epoch; its time is left out.
+    """
 
     def __init__(self) -> None:
         self.epoch_s: list[float] = []
         self._start = 0.0
+        self._val_start = 0.0
+        self._val_s = 0.0
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = time.perf_counter()
+        self._val_s = 0.0
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if _validating_in_fit(trainer):
+            self._val_s += time.perf_counter() - self._val_start
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.epoch_s.append(time.perf_counter() - self._start)
+        self.epoch_s.append(time.perf_counter() - self._start - self._val_s)
+
+
+class AccuracyCurve(Callback):
+    """Validation results during fit against the training time so far, as rank 0 sees them.
+
+    ``points`` holds one ``(train_s, val_acc, val_loss)`` per validation: ``train_s`` is the
+    time since training started, validation left out. The validation clock starts at
+    ``on_validation_epoch_start``, after the strategy's ``on_validation_start`` (async mode
+    waits for every rank and pulls the server's model there; local mode merges the epoch's
+    last mega-batches): that work counts as training. ``train_s``: the same measure at the
+    end of training.
+    """
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float, float]] = []
+        self.train_s = 0.0
+        self._train_start = 0.0
+        self._val_start = 0.0
+        self._val_s = 0.0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._train_start = time.perf_counter()
+        self._val_s = 0.0
+        self.points = []
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not _validating_in_fit(trainer):
+            return
+        trained = self._val_start - self._train_start - self._val_s
+        self._val_s += time.perf_counter() - self._val_start
+        metrics = trainer.callback_metrics
+        acc, loss = (float(metrics.get(key, math.nan)) for key in ("val_acc", "val_loss"))
+        self.points.append((trained, acc, loss))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.train_s = time.perf_counter() - self._train_start - self._val_s
 
 
 def _model_and_data(config: RunConfig) -> tuple[pl.LightningModule, pl.LightningDataModule]:
@@ -104,8 +163,10 @@ def run(config: RunConfig) -> dict[str, Any]:
         strategy = DDPStrategy()
     else:
         raise ValueError(f"Unknown strategy {config.strategy!r}; expected 'hetero' or 'ddp'.")
-    timer = EpochTimer()
+    timer, curve = EpochTimer(), AccuracyCurve()
     callbacks: list[Callback] = [timer]
+    if config.val_every_epoch:
+        callbacks.append(curve)
     if config.sample_cost is not None:
         cost = config.sample_cost
         if isinstance(cost, dict):
@@ -132,7 +193,7 @@ def run(config: RunConfig) -> dict[str, Any]:
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        limit_val_batches=0,
+        limit_val_batches=1.0 if config.val_every_epoch else 0,
         log_every_n_steps=1,
     )
     model, data = _model_and_data(config)
@@ -150,10 +211,14 @@ def run(config: RunConfig) -> dict[str, Any]:
         "metrics": {k: float(v) for k, v in metrics.items()},
         "world_size": trainer.world_size,
     }
+    if config.val_every_epoch:
+        summary["accuracy_curve"] = curve.points
+        summary["train_s"] = curve.train_s
     if isinstance(strategy, HeteroStrategy):
         summary["batch_sizes"] = strategy.batch_sizes
         summary["history"] = strategy.history
         summary["memory_probe"] = strategy.memory_probe
+        summary["merges"] = strategy.merges
     if trainer.global_rank == 0 and config.result:
         Path(config.result).write_text(json.dumps(summary, indent=1))
     if torch.distributed.is_initialized():

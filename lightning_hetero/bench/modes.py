@@ -1,0 +1,197 @@
+"""Mode benchmark: time-to-accuracy of uniform DDP and HeteroStrategy's modes (paper 002).
+
+Every repeat trains each configuration of :data:`CONFIGS` once on the same emulated
+cluster, back to back, validating after every epoch; the order changes from one repeat to
+the next (:func:`run_order`). Speedups against ``ddp`` are taken within a repeat; the
+report gives minimum, median and maximum over repeats.
+"""
+
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning_hetero.bench.run import launch
+from lightning_hetero.planning import HETEROGENEITY_LEVELS
+
+__all__ = ["CONFIGS", "COLUMNS", "figures", "measure_modes", "modes_report", "run_order"]
+
+#: The compared configurations: RunConfig fields of each (strategy options in ``extra``).
+CONFIGS: dict[str, dict[str, Any]] = {
+    "ddp": {"strategy": "ddp"},
+    "bsp": {"strategy": "hetero"},
+    "bsp-unweighted": {"strategy": "hetero", "weighted": False},
+    "async": {"strategy": "hetero", "extra": {"mode": "async"}},
+    "async-unscaled": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": False}},
+    "local": {"strategy": "hetero", "extra": {"mode": "local", "gamma": 0.9}},
+    "local-gamma0": {"strategy": "hetero", "extra": {"mode": "local", "gamma": 0.0}},
+}
+
+#: Columns of the report, with what each means.
+COLUMNS = {
+    "final_acc": "validation accuracy after the last epoch (macro average over the 10 classes)",
+    "final_loss": "validation cross-entropy after the last epoch",
+    "train_s": "training time in seconds (fit from the start of training, validation excluded)",
+    "tta_s": "training seconds until the end of the first epoch whose validation accuracy"
+    " reaches the target (- = not reached)",
+    "reached": "repeats that reached the target",
+    "epochs_to_target": "epochs until the target (- = not reached)",
+    "speedup": "time-to-target of ddp / this configuration's, within the same repeat"
+    " (0 = this one did not reach the target, inf = ddp did not)",
+}
+
+
+def run_order(names: Sequence[str], repeat: int) -> list[str]:
+    """The order of the runs of ``repeat``: backwards on odd repeats, rotated by ``repeat``."""
+    order = list(names[::-1] if repeat % 2 else names)
+    shift = repeat % len(order)
+    return order[shift:] + order[:shift]
+
+
+def measure_modes(
+    levels: Sequence[str],
+    repeats: int,
+    epochs: int,
+    base_cost: float,
+    workdir: Path,
+    configs: Sequence[str] = tuple(CONFIGS),
+    timeout: float | None = 900.0,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Run every configuration on every level ``repeats`` times; returns the raw summaries.
+
+    ``raw[level][repeat][config]`` is rank 0's run summary (with ``accuracy_curve``), or
+    ``{"error": message}`` if the run failed. ``log`` gets one line per finished run
+    (default: standard error).
+    """
+    if log is None:
+
+        def log(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+
+    raw: dict[str, list[dict[str, Any]]] = {}
+    total, done, started = len(levels) * repeats * len(configs), 0, time.perf_counter()
+    for level in levels:
+        cost = [base_cost / cores for cores in HETEROGENEITY_LEVELS[level]]
+        common = {
+            "workers": 4,
+            "sample_cost": cost,
+            "epochs": epochs,
+            "validate": False,
+            "val_every_epoch": True,
+        }
+        raw[level] = []
+        for repeat in range(repeats):
+            runs: dict[str, Any] = {}
+            for name in run_order(configs, repeat):
+                config = {**common, **CONFIGS[name], "seed": repeat}
+                run_start = time.perf_counter()
+                try:
+                    runs[name] = launch(config, workdir, timeout=timeout)
+                    curve = runs[name]["accuracy_curve"]
+                    outcome = f"val acc {curve[-1][1]:.3f}" if curve else "no validation"
+                except Exception as err:  # a failed run is reported, not fatal
+                    runs[name] = {"error": f"{type(err).__name__}: {err}"[-4000:]}
+                    outcome = f"FAILED ({type(err).__name__})"
+                done += 1
+                elapsed = time.perf_counter() - started
+                log(
+                    f"[{done}/{total}] {level} repeat {repeat + 1} {name}:"
+                    f" {time.perf_counter() - run_start:.0f} s, {outcome}"
+                    f" (elapsed {elapsed // 60:.0f}:{elapsed % 60:02.0f})"
+                )
+            raw[level].append(runs)
+    return raw
+
+
+def _time_to_target(curve: Sequence[Sequence[float]], target: float) -> tuple[float, float]:
+    """Training seconds and epochs until the first validation at or above ``target``."""
+    for epoch, (train_s, acc, _) in enumerate(curve, start=1):
+        if acc >= target:
+            return train_s, float(epoch)
+    return math.inf, math.inf
+
+
+def figures(runs: dict[str, Any], target: float) -> dict[str, dict[str, float]]:
+    """The report's figures for each successful run of one repeat (``runs[config]``)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, summary in runs.items():
+        curve = summary.get("accuracy_curve")
+        if not curve:
+            continue
+        tta, epochs = _time_to_target(curve, target)
+        out[name] = {
+            "final_acc": curve[-1][1],
+            "final_loss": curve[-1][2],
+            "train_s": summary["train_s"],
+            "tta_s": tta,
+            "reached": float(tta < math.inf),
+            "epochs_to_target": epochs,
+        }
+    ddp_tta = out["ddp"]["tta_s"] if "ddp" in out else math.nan
+    for values in out.values():
+        tta = values["tta_s"]
+        if math.isnan(ddp_tta) or (math.isinf(ddp_tta) and math.isinf(tta)):
+            values["speedup"] = math.nan  # nothing to compare with
+        elif math.isinf(tta):
+            values["speedup"] = 0.0
+        else:
+            values["speedup"] = ddp_tta / tta
+    return out
+
+
+def _fmt(value: float, key: str) -> str:
+    if math.isinf(value) and key in ("tta_s", "epochs_to_target"):
+        return "-"
+    if key in ("final_acc", "final_loss"):
+        return f"{value:.3f}"
+    if key == "speedup":
+        return f"{value:.2f}"
+    return f"{value:.1f}" if key in ("tta_s", "train_s") else f"{value:g}"
+
+
+def _cell(values: list[float], key: str) -> str:
+    """min / median / max ("not reached" is inf: the median of a pair holding one is inf)."""
+    values = sorted(v for v in values if not math.isnan(v))
+    if not values:
+        return "n/a"
+    parts = [_fmt(v, key) for v in (values[0], statistics.median(values), values[-1])]
+    return parts[0] if len(set(parts)) == 1 else " / ".join(parts)
+
+
+def modes_report(
+    raw: dict[str, list[dict[str, Any]]], target: float, configs: Sequence[str] | None = None
+) -> str:
+    """A Markdown table per level and configuration: min / median / max over repeats."""
+    lines = [
+        "| level | config | " + " | ".join(COLUMNS) + " |",
+        "|---|---|" + "---|" * len(COLUMNS),
+    ]
+    failures: list[str] = []
+    for level, repeats in raw.items():
+        per_repeat = [figures(runs, target) for runs in repeats]
+        names = configs or [name for name in CONFIGS if any(name in runs for runs in repeats)]
+        for name in names:
+            rows = [f[name] for f in per_repeat if name in f]
+            ran = sum(name in runs for runs in repeats)
+            failed = [runs[name]["error"] for runs in repeats if "error" in runs.get(name, {})]
+            failures += [f"{level} {name}: {error.splitlines()[0]}" for error in failed]
+            cells = []
+            for key in COLUMNS:
+                if key == "reached":
+                    cells.append(f"{sum(int(r['reached']) for r in rows)}/{ran}")
+                else:
+                    cells.append(_cell([r[key] for r in rows], key) if rows else "failed")
+            lines.append(f"| {level} | `{name}` | " + " | ".join(cells) + " |")
+    legend = "\n".join(f"- `{key}`: {text}" for key, text in COLUMNS.items())
+    text = (
+        "\n".join(lines)
+        + f"\n\nTarget accuracy {target:g}. Each cell: min / median / max over repeats"
+        " (one value when all agree).\n" + legend + "\n"
+    )
+    if failures:
+        text += "\nFailed runs:\n" + "\n".join(f"- {line}" for line in failures) + "\n"
+    return text

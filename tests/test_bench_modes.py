@@ -1,0 +1,193 @@
+import json
+import math
+
+import pytest
+
+from lightning_hetero.bench import modes
+from lightning_hetero.bench.__main__ import main
+from lightning_hetero.bench.modes import CONFIGS, figures, modes_report, run_order
+
+
+def run(curve: list[tuple[float, float]], train_s: float | None = None) -> dict:
+    """A fake run summary: (training seconds, val accuracy) per epoch; loss = 1 - accuracy."""
+    points = [(t, acc, 1 - acc) for t, acc in curve]
+    return {"accuracy_curve": points, "train_s": train_s or curve[-1][0] + 0.5}
+
+
+def table_rows(text: str) -> dict[tuple[str, str], list[str]]:
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("| HL"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[(cells[0], cells[1].strip("`"))] = cells[2:]
+    return rows
+
+
+def test_time_to_target_is_the_first_epoch_at_or_above_it_and_speedup_is_within_the_repeat():
+    runs = {
+        "ddp": run([(4.0, 0.5), (8.0, 0.9), (12.0, 0.95)]),
+        "bsp": run([(2.0, 0.6), (4.0, 0.85), (6.0, 0.91)]),
+        "async": run([(2.0, 0.3), (4.0, 0.5), (6.0, 0.6)]),
+        "local": {"error": "RuntimeError: boom"},
+    }
+    out = figures(runs, target=0.9)
+    assert set(out) == {"ddp", "bsp", "async"}  # the failed run has no figures
+    assert out["ddp"]["tta_s"] == 8.0 and out["ddp"]["epochs_to_target"] == 2
+    assert out["ddp"]["speedup"] == 1.0
+    assert out["bsp"]["tta_s"] == 6.0 and out["bsp"]["speedup"] == pytest.approx(8 / 6)
+    assert out["bsp"]["final_acc"] == 0.91 and out["bsp"]["final_loss"] == pytest.approx(0.09)
+    assert out["bsp"]["train_s"] == 6.5
+    assert math.isinf(out["async"]["tta_s"]) and out["async"]["reached"] == 0.0
+    assert out["async"]["speedup"] == 0.0  # never reached: infinitely slower
+
+
+def test_speedup_when_ddp_does_not_reach_the_target():
+    out = figures(
+        {"ddp": run([(4.0, 0.5)]), "bsp": run([(2.0, 0.95)]), "async": run([(2, 0)])}, 0.9
+    )
+    assert math.isinf(out["bsp"]["speedup"])
+    assert math.isnan(out["async"]["speedup"]) and math.isnan(out["ddp"]["speedup"])
+    assert math.isnan(figures({"bsp": run([(2.0, 0.95)])}, 0.9)["bsp"]["speedup"])  # no ddp
+
+
+def test_report_gives_min_median_max_over_repeats_and_counts_the_repeats_that_reached():
+    raw = {
+        "HL4": [
+            {"ddp": run([(10.0, 0.95)]), "bsp": run([(5.0, 0.92)])},
+            {"bsp": run([(8.0, 0.80)]), "ddp": run([(12.0, 0.91)])},
+            {"ddp": run([(11.0, 0.93)]), "bsp": run([(4.0, 0.99)])},
+        ],
+        "HL8": [{"ddp": run([(20.0, 0.5)]), "bsp": {"error": "RuntimeError: gone\nstack"}}],
+    }
+    text = modes_report(raw, target=0.9)
+    rows = table_rows(text)
+    columns = list(modes.COLUMNS)
+    ddp, bsp = rows[("HL4", "ddp")], rows[("HL4", "bsp")]
+    assert ddp[columns.index("final_acc")] == "0.910 / 0.930 / 0.950"
+    assert ddp[columns.index("tta_s")] == "10.0 / 11.0 / 12.0"
+    assert ddp[columns.index("speedup")] == "1.00"  # one value when all repeats agree
+    assert ddp[columns.index("reached")] == "3/3"
+    assert bsp[columns.index("tta_s")] == "4.0 / 5.0 / -"  # repeat 2 did not reach 0.9
+    assert bsp[columns.index("reached")] == "2/3"
+    # speedups within each repeat: 10/5, 0 (not reached), 11/4
+    assert bsp[columns.index("speedup")] == "0.00 / 2.00 / 2.75"
+    assert bsp[columns.index("train_s")] == "4.5 / 5.5 / 8.5"
+    hl8_ddp, hl8_bsp = rows[("HL8", "ddp")], rows[("HL8", "bsp")]
+    assert hl8_ddp[columns.index("tta_s")] == "-" and hl8_ddp[columns.index("reached")] == "0/1"
+    assert hl8_bsp[columns.index("final_acc")] == "failed"
+    assert hl8_bsp[columns.index("reached")] == "0/1"
+    assert "- HL8 bsp: RuntimeError: gone" in text
+    assert "Target accuracy 0.9." in text
+
+
+def test_the_median_of_two_repeats_where_one_did_not_reach_is_not_reached():
+    raw = {"HL4": [{"ddp": run([(10.0, 0.95)])}, {"ddp": run([(10.0, 0.5)])}]}
+    ddp = table_rows(modes_report(raw, target=0.9))[("HL4", "ddp")]
+    assert ddp[list(modes.COLUMNS).index("tta_s")] == "10.0 / - / -"
+
+
+def test_run_order_changes_from_repeat_to_repeat_and_keeps_every_configuration():
+    names = list(CONFIGS)
+    orders = [run_order(names, r) for r in range(3)]
+    assert orders[0] == names
+    assert all(sorted(order) == sorted(names) for order in orders)
+    assert len({order[0] for order in orders}) == 3  # a different first run each repeat
+    before = [order.index("ddp") < order.index("bsp") for order in orders]
+    assert True in before and False in before
+    assert run_order(["a", "b", "c"], 1) == ["b", "a", "c"]
+
+
+def test_configurations_set_the_strategy_options_of_issue_4():
+    assert CONFIGS["ddp"] == {"strategy": "ddp"}
+    assert CONFIGS["bsp-unweighted"]["weighted"] is False
+    assert CONFIGS["async-unscaled"]["extra"] == {"mode": "async", "lr_scaling": False}
+    assert CONFIGS["local"]["extra"]["gamma"] == 0.9
+    assert CONFIGS["local-gamma0"]["extra"]["gamma"] == 0.0
+
+
+def test_measure_runs_each_configuration_per_repeat_and_logs_progress(monkeypatch, tmp_path):
+    launched = []
+
+    def fake_launch(config, workdir, timeout=None):
+        launched.append(config)
+        if config.get("extra", {}).get("mode") == "async":
+            raise RuntimeError("rank 2 died")
+        return run([(1.0, 0.95)])
+
+    monkeypatch.setattr(modes, "launch", fake_launch)
+    lines: list[str] = []
+    raw = modes.measure_modes(
+        ["HL8"], 2, 3, 0.048, tmp_path, configs=["ddp", "bsp", "async"], log=lines.append
+    )
+    assert len(launched) == 6 and len(lines) == 6
+    assert [c["seed"] for c in launched] == [0, 0, 0, 1, 1, 1]
+    assert all(c["val_every_epoch"] and c["epochs"] == 3 for c in launched)
+    assert launched[0]["sample_cost"] == pytest.approx([0.008, 0.008, 0.012, 0.0015])
+    assert raw["HL8"][1]["async"]["error"] == "RuntimeError: rank 2 died"
+    assert lines[0].startswith("[1/6] HL8 repeat 1 ddp:") and "val acc 0.950" in lines[0]
+    assert "FAILED (RuntimeError)" in lines[-3] + lines[-2] + lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "1.5"], "--target must be an accuracy in (0, 1]"),
+        (["--target", "0.9", "0"], "--target must be an accuracy in (0, 1]"),
+        (["--epochs", "0"], "need --repeats >= 1 and --epochs >= 1"),
+        (["--repeats", "0"], "need --repeats >= 1 and --epochs >= 1"),
+        (["--configs", "nope"], "invalid choice: 'nope'"),
+        (["--levels", "HL3"], "invalid choice: 'HL3'"),
+        (["--target", "high"], "invalid float value"),
+        (["--simulate"], "pick one"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(args, message, capsys, monkeypatch):
+    monkeypatch.setattr(modes, "launch", pytest.fail)  # nothing may run
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--modes", *args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_command_line_writes_json_and_prints_the_table(monkeypatch, tmp_path, capsys):
+    seen = []
+
+    def fake_measure(levels, repeats, epochs, base_cost, workdir, configs):
+        seen.append((levels, repeats, epochs, configs))
+        return {"HL4": [{"ddp": run([(3.0, 0.95)]), "local": run([(2.0, 0.95)])}]}
+
+    monkeypatch.setattr("lightning_hetero.bench.__main__.measure_modes", fake_measure)
+    out = tmp_path / "modes.json"
+    main(["--modes", "--repeats", "1", "--configs", "ddp", "local", "--json", str(out)])
+    assert seen == [(["HL4", "HL8"], 1, 8, ["ddp", "local"])]  # the --modes defaults
+    assert json.loads(out.read_text())["HL4"][0]["ddp"]["train_s"] == 3.5
+    text = capsys.readouterr().out
+    assert text.count("| level | config |") == 1 and "Target accuracy 0.9." in text
+    rows = table_rows(text)
+    assert rows[("HL4", "local")][list(modes.COLUMNS).index("speedup")] == "1.50"
+
+
+def test_one_table_per_target(monkeypatch, capsys):
+    def fake_measure(*args):
+        return {"HL4": [{"ddp": run([(3.0, 0.92), (6.0, 0.96)])}]}
+
+    monkeypatch.setattr("lightning_hetero.bench.__main__.measure_modes", fake_measure)
+    main(["--modes", "--target", "0.9", "0.95", "0.99"])
+    text = capsys.readouterr().out
+    tables = text.split("| level | config |")[1:]
+    assert len(tables) == 3
+    tta = [table_rows("|" + t)[("HL4", "ddp")][list(modes.COLUMNS).index("tta_s")] for t in tables]
+    assert tta == ["3.0", "6.0", "-"]
+
+
+def test_one_real_epoch_of_two_configurations(tmp_path):  # about 20 s
+    raw = modes.measure_modes(
+        ["HL4"], 1, 1, 0.002, tmp_path, configs=["ddp", "async"], log=lambda line: None
+    )
+    for name in ("ddp", "async"):
+        summary = raw["HL4"][0][name]
+        assert "error" not in summary, summary.get("error")
+        ((train_s, acc, loss),) = summary["accuracy_curve"]
+        assert 0 < train_s <= summary["train_s"] < summary["fit_s"]
+        assert 0 <= acc <= 1 and loss > 0
+    assert "| HL4 | `async` |" in modes_report(raw, 0.5)
