@@ -120,7 +120,10 @@ class HeteroCallback(Callback):
         strategy = self._strategy(trainer)
         if strategy.mode == "local":
             strategy.finish_epoch()  # local mode re-plans at each merge
-        elif strategy.adjust_every == "epoch":
+            return
+        if strategy.mode == "async":
+            strategy.synchronize("the end of the epoch")  # every rank on the server's model
+        if strategy.adjust_every == "epoch":
             for batch_size, compute_s, wait_s in strategy._timer.collect(synchronize=True):
                 self._smoother.update(batch_size, compute_s, wait_s)
             self.boundary(trainer, strategy)

@@ -184,6 +184,7 @@ class ParameterServer:
 # -------------------------------------------------------------------- RPC plumbing
 #: The server of this process (rank 0 only), reached by the module-level RPC targets.
 _SERVER: ParameterServer | None = None
+_RPC_UP = False  # whether this process has joined the RPC group
 
 
 def _server() -> ParameterServer:
@@ -237,9 +238,11 @@ class ServerClient:
         options = rpc.TensorPipeRpcBackendOptions(
             init_method=f"tcp://{host}:{port[0]}", rpc_timeout=timeout
         )
+        global _RPC_UP
         rpc.init_rpc(
             worker_name(rank), rank=rank, world_size=world_size, rpc_backend_options=options
         )
+        _RPC_UP = True
 
     @staticmethod
     def start_server(server: ParameterServer) -> None:
@@ -277,20 +280,25 @@ class ServerClient:
 
     def unreachable(self, ranks: Sequence[int], timeout: float = 5.0) -> list[int]:
         """Which of ``ranks`` do not answer a ping within ``timeout`` seconds."""
-        futures = {
-            rank: rpc.rpc_async(worker_name(rank), _remote_ping, timeout=timeout)
-            for rank in ranks
-            if rank != self.rank
-        }
-        missing = []
+        missing, futures = [], {}
+        for rank in ranks:
+            if rank == self.rank:
+                continue
+            try:
+                futures[rank] = rpc.rpc_async(worker_name(rank), _remote_ping, timeout=timeout)
+            except Exception:  # e.g. the agent already lost the connection
+                missing.append(rank)
         for rank, future in futures.items():
             try:
                 future.wait()
             except Exception:
                 missing.append(rank)
-        return missing
+        return sorted(missing)
 
     @staticmethod
     def shutdown(graceful: bool, timeout: timedelta = timedelta(seconds=60)) -> None:
-        if rpc.api._is_current_rpc_agent_set():
+        """Leave the RPC group; ``graceful`` waits for every rank's outstanding requests."""
+        global _RPC_UP
+        if _RPC_UP:
+            _RPC_UP = False
             rpc.shutdown(graceful=graceful, timeout=timeout.total_seconds())

@@ -745,7 +745,7 @@ class HeteroStrategy(DDPStrategy):
             if self.global_rank == 0:
                 self.server = ParameterServer(self.optimizers, self.world_size, self.lr_scaling)
                 ServerClient.start_server(self.server)
-            self._synchronize("the start of training")  # every rank starts from the server
+            self.synchronize("the start of training")  # every rank starts from the server
         elif self.mode == "local":
             module = self.lightning_module
             for tensor in [*module.parameters(), *module.buffers()]:
@@ -841,7 +841,7 @@ class HeteroStrategy(DDPStrategy):
             for param, value in zip(params, values):
                 param.copy_(value)
 
-    def _synchronize(self, point: str) -> None:
+    def synchronize(self, point: str) -> None:
         """Async mode: wait for every rank, then load the server's model everywhere."""
         with self.guarded(f"the barrier at {point}"):
             self.barrier()  # every push of every rank has been applied
@@ -917,7 +917,7 @@ class HeteroStrategy(DDPStrategy):
         if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking:
             return
         if self.mode == "async" and self._client is not None:
-            self._synchronize("validation")  # validate the server's model
+            self.synchronize("validation")  # validate the server's model
         elif self.mode == "local":
             self.finish_epoch()  # validate the merged model
 
@@ -925,7 +925,7 @@ class HeteroStrategy(DDPStrategy):
     def on_train_end(self) -> None:
         super().on_train_end()
         if self.mode == "async" and self._client is not None:
-            self._synchronize("the end of training")
+            self.synchronize("the end of training")
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
