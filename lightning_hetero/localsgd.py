@@ -13,7 +13,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from lightning_hetero.planning.merge import momentum_merge
 
-__all__ = ["ReplicaMerger"]
+__all__ = ["ReplicaMerger", "weighted_average_"]
 
 
 class ReplicaMerger:
@@ -56,20 +56,35 @@ class ReplicaMerger:
         with torch.no_grad():
             if self.params:
                 merged = parameters_to_vector(self.params) * weight
-                self._all_reduce(merged, group)
+                _all_reduce(merged, group)
                 assert self._global is not None and self._previous is not None
                 if self.gamma > 0:
                     merged = momentum_merge(merged, self._global, self._previous, self.gamma)
                 self._previous, self._global = self._global, merged
                 vector_to_parameters(merged.clone(), self.params)
-            if self.buffers:
-                total = float(sum(weights))
-                averaged = parameters_to_vector(self.buffers) * (weight / total)
-                self._all_reduce(averaged, group)
-                vector_to_parameters(averaged, self.buffers)
+        weighted_average_(self.buffers, weight, float(sum(weights)), group)
         self.merges += 1
 
-    @staticmethod
-    def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
-        if dist.is_initialized() and dist.get_world_size(group) > 1:
-            dist.all_reduce(tensor, group=group)
+
+def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, group=group)
+
+
+def weighted_average_(
+    tensors: Sequence[torch.Tensor],
+    weight: float,
+    total: float,
+    group: dist.ProcessGroup | None = None,
+) -> None:
+    """Replace ``tensors`` on every rank by ``sum_k weight_k * tensors_k / total``.
+
+    One all-reduce over all the tensors flattened together; call on every rank, each
+    with its own ``weight`` and the common ``total``.
+    """
+    if not tensors:
+        return
+    with torch.no_grad():
+        averaged = parameters_to_vector(tensors) * (weight / total)
+        _all_reduce(averaged, group)
+        vector_to_parameters(averaged, tensors)

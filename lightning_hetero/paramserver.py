@@ -21,6 +21,8 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.optim import Optimizer
 
+from lightning_hetero._optim import optimizer_params, scaled_lr
+
 __all__ = ["ParameterServer", "PushResult", "ServerClient", "free_port", "worker_name"]
 
 
@@ -84,8 +86,7 @@ class ParameterServer:
         for optimizer in optimizers:
             clone = copy.deepcopy(optimizer)
             _to_cpu(clone)
-            params = [p for group in clone.param_groups for p in group["params"]]
-            self._slots.append(_Slot(clone, params))
+            self._slots.append(_Slot(clone, optimizer_params(clone)))
         self._counters = [_RankCounters() for _ in range(world_size)]
         self._epoch_counters = [_RankCounters() for _ in range(world_size)]
 
@@ -129,12 +130,11 @@ class ParameterServer:
             for param, grad in zip(slot.params, grads):
                 param.grad = None if grad is None else grad.to(param.device, param.dtype)
             for group, lr in zip(groups, lrs):
-                group["lr"] = lr * share
+                group["lr"] = lr  # the schedule's value, kept in the saved state
             try:
-                slot.optimizer.step()
+                with scaled_lr(slot.optimizer, share):
+                    slot.optimizer.step()
             finally:
-                for group, lr in zip(groups, lrs):
-                    group["lr"] = lr  # keep the schedule's value in the saved state
                 for param in slot.params:
                     param.grad = None
             staleness = max(self.version - seen_version, 0)

@@ -29,8 +29,9 @@ from lightning_hetero._comm import (
     WeightedHookState,
     weighted_allreduce_hook,
 )
+from lightning_hetero._optim import optimizer_params, scaled_lr
 from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
-from lightning_hetero.localsgd import ReplicaMerger
+from lightning_hetero.localsgd import ReplicaMerger, weighted_average_
 from lightning_hetero.memory_probe import auto_max_batch_size, preserved_state
 from lightning_hetero.paramserver import ParameterServer, ServerClient
 from lightning_hetero.planning import (
@@ -72,19 +73,6 @@ def _add_note(error: BaseException, note: str) -> None:
         error.add_note(note)
     else:  # Python 3.10
         error.args = (f"{error.args[0] if error.args else ''}\n{note}", *error.args[1:])
-
-
-@contextmanager
-def _scaled_lr(optimizer: torch.optim.Optimizer, factor: float) -> Iterator[None]:
-    """Multiply every group's learning rate by ``factor`` for the duration of the block."""
-    lrs = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * factor
-    try:
-        yield
-    finally:
-        for group, lr in zip(optimizer.param_groups, lrs):
-            group["lr"] = lr
 
 
 _MODES = ("bsp", "async", "local")
@@ -798,7 +786,7 @@ class HeteroStrategy(DDPStrategy):
         if self.mode == "local":
             local, total = self._share
             factor = local * self.world_size / total if self.lr_scaling else 1.0
-            with _scaled_lr(optimizer, factor):
+            with scaled_lr(optimizer, factor):
                 return super().optimizer_step(optimizer, closure, model, **kwargs)
         index = next(i for i, opt in enumerate(self.optimizers) if opt is optimizer)
 
@@ -816,7 +804,7 @@ class HeteroStrategy(DDPStrategy):
     # ---------------------------------------------------------------- async mode
     def _push(self, index: int, optimizer: torch.optim.Optimizer) -> None:
         assert self._client is not None
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        params = optimizer_params(optimizer)
         grads = [None if p.grad is None else p.grad.detach().to("cpu", copy=True) for p in params]
         lrs = [float(group["lr"]) for group in optimizer.param_groups]
         local, total = self._share
@@ -831,8 +819,7 @@ class HeteroStrategy(DDPStrategy):
         assert self._client is not None
         for index, optimizer in enumerate(self.optimizers):
             result = self._client.pull(index)
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            self._load(params, result.params)
+            self._load(optimizer_params(optimizer), result.params)
             self._seen_version = result.version
 
     @staticmethod
@@ -847,10 +834,9 @@ class HeteroStrategy(DDPStrategy):
             self.barrier()  # every push of every rank has been applied
         self._pull_all()
         buffers = [b for b in self.lightning_module.buffers() if b.dtype.is_floating_point]
-        with self.guarded(f"the second barrier at {point}"), torch.no_grad():
-            for buffer in buffers:  # BatchNorm statistics would stay per rank otherwise
-                torch.distributed.all_reduce(buffer)
-                buffer.div_(self.world_size)
+        with self.guarded(f"the second barrier at {point}"):
+            # BatchNorm statistics would stay per rank otherwise
+            weighted_average_(buffers, 1.0, self.world_size)
             self.barrier()  # no rank tears the server down while another still pulls
 
     @contextmanager
