@@ -33,7 +33,6 @@ class ReplicaMerger:
         self.gamma = gamma
         self.params = [p for p in module.parameters() if p.dtype.is_floating_point]
         self.buffers = [b for b in module.buffers() if b.dtype.is_floating_point]
-        self.merges = 0
         self.reset()
 
     def reset(self) -> None:
@@ -63,7 +62,6 @@ class ReplicaMerger:
                 self._previous, self._global = self._global, merged
                 vector_to_parameters(merged.clone(), self.params)
         weighted_average_(self.buffers, weight, float(sum(weights)), group)
-        self.merges += 1
 
 
 def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
