@@ -788,7 +788,7 @@ class HeteroStrategy(DDPStrategy):
             factor = local * self.world_size / total if self.lr_scaling else 1.0
             with scaled_lr(optimizer, factor):
                 return super().optimizer_step(optimizer, closure, model, **kwargs)
-        index = next(i for i, opt in enumerate(self.optimizers) if opt is optimizer)
+        index = self._optimizer_index(optimizer)
 
         def push_instead_of_step(closure: Any = None, **_: Any) -> Any:
             loss = closure() if closure is not None else None
@@ -802,6 +802,11 @@ class HeteroStrategy(DDPStrategy):
         return output
 
     # ---------------------------------------------------------------- async mode
+    def _optimizer_index(self, optimizer: torch.optim.Optimizer) -> int:
+        """Position of ``optimizer`` (or the one a ``LightningOptimizer`` wraps)."""
+        raw = getattr(optimizer, "_optimizer", optimizer)
+        return next(i for i, opt in enumerate(self.optimizers) if opt is raw)
+
     def _push(self, index: int, optimizer: torch.optim.Optimizer) -> None:
         assert self._client is not None
         params = optimizer_params(optimizer)
@@ -923,9 +928,7 @@ class HeteroStrategy(DDPStrategy):
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         if self.server is None:
             return super().optimizer_state(optimizer)
-        raw = getattr(optimizer, "_optimizer", optimizer)
-        index = next(i for i, opt in enumerate(self.optimizers) if opt is raw)
-        return self.server.optimizer_state(index)
+        return self.server.optimizer_state(self._optimizer_index(optimizer))
 
     @override
     def on_exception(self, exception: BaseException) -> None:
