@@ -9,6 +9,7 @@ threads, so the server keeps serving while rank 0's training loop is busy.
 """
 
 import copy
+import math
 import socket
 import threading
 from collections.abc import Sequence
@@ -100,6 +101,7 @@ class ParameterServer:
         global_batch_size: int,
         lrs: Sequence[float],
         seen_version: int,
+        update_factor: float = 1.0,
     ) -> PushResult:
         """Apply rank ``rank``'s gradient to optimizer ``index``'s parameters.
 
@@ -107,7 +109,8 @@ class ParameterServer:
         for parameters without one), ``lrs`` the learning rate of each of the rank's
         parameter groups (its LR schedulers keep setting them), and ``seen_version`` the
         version of the parameters the gradient was computed on; the difference to the
-        server's version is the update's staleness.
+        server's version is the update's staleness. ``update_factor`` further scales the
+        update's learning rate (dual batch size learning's model-update factor).
         """
         slot = self._slot(index)
         if len(grads) != len(slot.params):
@@ -125,7 +128,9 @@ class ParameterServer:
                 f"rank {rank} pushed a batch of {batch_size} out of a global batch of"
                 f" {global_batch_size}."
             )
-        share = batch_size / global_batch_size if self.lr_scaling else 1.0
+        if not (math.isfinite(update_factor) and update_factor > 0):
+            raise ValueError(f"rank {rank} pushed an update factor of {update_factor}.")
+        share = (batch_size / global_batch_size if self.lr_scaling else 1.0) * update_factor
         with self._lock:
             for param, grad in zip(slot.params, grads):
                 param.grad = None if grad is None else grad.to(param.device, param.dtype)

@@ -7,7 +7,7 @@ from torch.utils.data import Sampler
 
 from lightning_hetero.planning import PlanError, check_plan, proportional_split
 
-__all__ = ["EpochPermutation", "GlobalBatchSampler"]
+__all__ = ["EpochPermutation", "GlobalBatchSampler", "PartitionBatchSampler"]
 
 
 class EpochPermutation(Sampler[int]):
@@ -147,3 +147,69 @@ class GlobalBatchSampler(Sampler[list[int]]):
             offset = start + sum(sizes[: self.rank])
             self.cursor = step + 1
             yield positions[offset : offset + sizes[self.rank]]
+
+
+class PartitionBatchSampler(Sampler[list[int]]):
+    """Yield this rank's own share of one shared permutation, in batches of its own size.
+
+    Rank ``k`` takes ``samples[k]`` consecutive positions of the epoch's permutation
+    (starting after the shares of ranks ``0..k-1``) in batches of ``batch_sizes[k]``:
+    every sample is used once per epoch, but ranks make different numbers of steps.
+    Dual batch size learning uses it (small-batch ranks train on fewer samples, in more,
+    smaller steps); it suits only modes without per-step collectives (``mode="async"``).
+
+    ``drop_last`` drops a rank's last batch when it is short; otherwise it is kept.
+
+    Example:
+        >>> epoch = EpochPermutation(10, shuffle=False)
+        >>> list(PartitionBatchSampler(epoch, samples=[6, 4], batch_sizes=[4, 3], rank=1))
+        [[6, 7, 8], [9]]
+    """
+
+    def __init__(
+        self,
+        sampler: EpochPermutation,
+        samples: Sequence[int],
+        batch_sizes: Sequence[int],
+        rank: int,
+        drop_last: bool = False,
+    ) -> None:
+        if len(samples) != len(batch_sizes):
+            raise ValueError(
+                f"`samples` has {len(samples)} entries and `batch_sizes` {len(batch_sizes)};"
+                " give one of each per rank."
+            )
+        if not 0 <= rank < len(samples):
+            raise ValueError(f"rank {rank} is outside the plan of {len(samples)} ranks.")
+        if any(n < 1 for n in samples) or any(b < 1 for b in batch_sizes):
+            raise PlanError(
+                f"Every rank needs >= 1 sample and a batch size >= 1, got samples {list(samples)}"
+                f" and batch sizes {list(batch_sizes)}."
+            )
+        if sum(samples) != len(sampler):
+            raise PlanError(
+                f"The per-rank shares {list(samples)} sum to {sum(samples)}, but the training"
+                f" set has {len(sampler)} samples."
+            )
+        self.sampler = sampler
+        self.rank = rank
+        self.drop_last = drop_last
+        self.samples = [int(n) for n in samples]
+        self.batch_size = int(batch_sizes[rank])
+        self.cursor = 0
+
+    def size_at(self, step: int) -> int:
+        """Number of samples in this rank's batch ``step`` (the last one may be short)."""
+        return max(min(self.batch_size, self.samples[self.rank] - step * self.batch_size), 0)
+
+    def __len__(self) -> int:
+        full, remainder = divmod(self.samples[self.rank], self.batch_size)
+        return full + (remainder > 0 and not self.drop_last)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.cursor = 0
+        start = sum(self.samples[: self.rank])
+        share = self.sampler.permutation()[start : start + self.samples[self.rank]]
+        for step in range(len(self)):
+            self.cursor = step + 1
+            yield share[step * self.batch_size : (step + 1) * self.batch_size]

@@ -2,7 +2,8 @@
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -31,12 +32,14 @@ from lightning_hetero._comm import (
 )
 from lightning_hetero._optim import optimizer_params, scaled_lr
 from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
+from lightning_hetero.emulate import Throttle
 from lightning_hetero.localsgd import ReplicaMerger, weighted_average_
 from lightning_hetero.memory_probe import auto_max_batch_size, preserved_state
 from lightning_hetero.paramserver import ParameterServer, ServerClient
 from lightning_hetero.planning import (
     BatchLimits,
     Controller,
+    MemoryModel,
     PlanError,
     check_merge_options,
     check_plan,
@@ -45,9 +48,15 @@ from lightning_hetero.planning import (
     probe_sizes,
     proportional_split,
 )
+from lightning_hetero.planning.dual import (
+    DualBatchController,
+    DualBatchPlan,
+    TimeModel,
+    plan_dual_batch,
+)
 from lightning_hetero.planning.split import expand_bound
 from lightning_hetero.resources import available_cores, flops_or_nan
-from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
+from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler, PartitionBatchSampler
 
 if TYPE_CHECKING:
     from lightning_hetero.callback import HeteroCallback
@@ -65,6 +74,10 @@ def _patched(obj: object, attributes: dict[str, Any]) -> Iterator[None]:
     finally:
         for name in attributes:
             delattr(obj, name)
+
+
+def request_train_reload(trainer: "pl.Trainer") -> None:
+    trainer.fit_loop._combined_loader = None
 
 
 def _add_note(error: BaseException, note: str) -> None:
@@ -268,6 +281,18 @@ class HeteroStrategy(DDPStrategy):
                 "`controller` must be a name or a Controller instance,"
                 f" got {type(controller).__name__}."
             )
+        if isinstance(controller, DualBatchController):
+            if mode != "async":
+                raise ValueError(
+                    "Dual batch size learning runs on the parameter server: use"
+                    f" mode='async' with controller='dual', got mode={mode!r}."
+                )
+            if not lr_scaling:
+                raise ValueError(
+                    "With controller='dual' the server scales updates by the model-update"
+                    " factor, not by b_k / B; for the unscaled ablation use"
+                    " DualBatchController(update_factor='none') instead of lr_scaling=False."
+                )
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -315,7 +340,14 @@ class HeteroStrategy(DDPStrategy):
         self._capacities: list[float] | None = None
         self._restored_plan: list[int] | None = None
         self._user_shuffle: bool | None = None
-        self.sampler: GlobalBatchSampler | MegaBatchSampler | None = None
+        self.sampler: GlobalBatchSampler | MegaBatchSampler | PartitionBatchSampler | None = None
+        #: Dual batch size learning: the plan being run (``None`` for other controllers).
+        self.dual_plan: DualBatchPlan | None = None
+        self._input_scale = 1.0  # per-sample input size relative to the planned-for size
+        self._scaled_global: int | None = None  # a global batch set by `set_input_scale`
+        self._base_global: int | None = None  # the global batch at input scale 1
+        self._rescale_pending = False
+        self._dual_reference: DualBatchPlan | None = None  # the dual plan at input scale 1
         self.history: list[dict[str, Any]] = []
         #: Local mode: one record per merge (weights, update counts, perturbation).
         self.merges: list[dict[str, Any]] = []
@@ -381,8 +413,8 @@ class HeteroStrategy(DDPStrategy):
         super().setup(trainer)  # wraps the model in DDP and registers the hook
         if trainer.state.fn != TrainerFn.FITTING:
             return
-        if self.mode == "local":
-            self._check_local_trainer(trainer)
+        if self.mode == "local" or self._dual is not None:
+            self._check_uneven_steps_trainer(trainer)
         if self.mode != "bsp":
             self._drop_per_step_broadcast(trainer)
         if self._initial_plan in ("cores", "flops") and self._capacities is None:
@@ -435,10 +467,15 @@ class HeteroStrategy(DDPStrategy):
 
         loop._broadcast_sigterm_tensor = check_own_sigterm
 
-    @staticmethod
-    def _check_local_trainer(trainer: "pl.Trainer") -> None:
-        # Ranks run different numbers of steps per epoch in local mode: anything counted in
-        # steps would stop or validate ranks at different points and leave the others waiting.
+    @property
+    def _dual(self) -> DualBatchController | None:
+        controller = self.controller
+        return controller if isinstance(controller, DualBatchController) else None
+
+    def _check_uneven_steps_trainer(self, trainer: "pl.Trainer") -> None:
+        # Ranks run different numbers of steps per epoch in local mode and with dual batch
+        # sizes: anything counted in steps would stop or validate ranks at different points
+        # and leave the others waiting.
         problems = []
         if trainer.max_steps != -1:
             problems.append(f"max_steps={trainer.max_steps}")
@@ -447,8 +484,9 @@ class HeteroStrategy(DDPStrategy):
         if trainer.val_check_interval != 1.0:
             problems.append(f"val_check_interval={trainer.val_check_interval}")
         if problems:
+            what = "mode='local'" if self.mode == "local" else "controller='dual'"
             raise ValueError(
-                "mode='local' gives ranks different numbers of steps per epoch, so training is"
+                f"{what} gives ranks different numbers of steps per epoch, so training is"
                 f" counted in epochs only; remove {', '.join(problems)} from the Trainer."
             )
 
@@ -515,9 +553,22 @@ class HeteroStrategy(DDPStrategy):
         if self._plan is None:
             if self._max_batch_size == "auto" and self.memory_probe is None:
                 self._probe_memory(loader)
-            self._plan = self._resolve_plan(loader.batch_size)
+            if self._dual is not None:
+                self._plan = self._plan_dual(loader)
+            else:
+                self._plan = self._resolve_plan(loader.batch_size)
+        elif self._rescale_pending:
+            self._apply_input_scale()
         epoch_sampler = EpochPermutation(len(loader.dataset), shuffle=shuffle, seed=seed)
-        if self.mode == "local":
+        if self.dual_plan is not None:
+            self.sampler = PartitionBatchSampler(
+                epoch_sampler,
+                self.dual_plan.samples,
+                self.dual_plan.batch_sizes,
+                rank=self.global_rank,
+                drop_last=loader.drop_last,
+            )
+        elif self.mode == "local":
             assert self._cursor is not None and self._limits is not None
             total = self._limits.global_batch_size
             megabatch = self.megabatch_size or 10 * total
@@ -548,8 +599,8 @@ class HeteroStrategy(DDPStrategy):
             persistent_workers=loader.persistent_workers,
             pin_memory_device=loader.pin_memory_device,
         )
-        if self.mode == "local":
-            return sliced
+        if self.mode == "local" or self.dual_plan is not None:
+            return sliced  # ranks make different numbers of steps
         lengths = [int(row[0]) for row in self.gather_rows([len(self.sampler)])]
         if len(set(lengths)) != 1:
             raise RuntimeError(
@@ -566,21 +617,27 @@ class HeteroStrategy(DDPStrategy):
             return None  # not measured yet
         return self.memory_probe["max_batch_sizes"]
 
-    def _probe_memory(self, loader: DataLoader) -> None:
-        """``max_batch_size="auto"``: measure each rank's memory bound and gather them all."""
+    @contextmanager
+    def _probing(self, loader: DataLoader, what: str) -> Iterator[Callable[..., None]]:
+        """Yield ``step(batch_size, timed=False)``, one real training step outside the loop.
+
+        Model, optimizer and random state are put back afterwards and logging is silenced.
+        ``timed=True`` runs forward and backward only (what a worker times per batch) and
+        lets :class:`~lightning_hetero.emulate.Throttle` add its delay, as a slower device
+        would.
+        """
         module = self.lightning_module
         if not module.automatic_optimization:
             raise ValueError(
-                "max_batch_size='auto' runs training steps itself and needs automatic"
-                " optimization; set `max_batch_size` explicitly with manual optimization."
+                f"{what} runs training steps itself and needs automatic optimization; see"
+                " the README for the options that avoid it."
             )
+        trainer = module.trainer
         dataset = loader.dataset
-        total = self._global_batch_size or (loader.batch_size or 1) * self.world_size
-        largest = min(total, len(dataset))  # type: ignore[arg-type]
-        sizes = self.probe_batch_sizes or probe_sizes(largest)
         optimizers = [*self.optimizers, *(c.scheduler for c in self.lr_scheduler_configs)]
+        throttles = [cb for cb in trainer.callbacks if isinstance(cb, Throttle)]
 
-        def step(batch_size: int) -> None:
+        def step(batch_size: int, timed: bool = False) -> None:
             batch = loader.collate_fn([dataset[i] for i in range(batch_size)])
             batch = self.batch_to_device(batch)
             with self.precision_plugin.train_step_context():
@@ -588,20 +645,33 @@ class HeteroStrategy(DDPStrategy):
             loss = output["loss"] if isinstance(output, dict) else output
             if not isinstance(loss, torch.Tensor):
                 raise ValueError(
-                    "max_batch_size='auto' needs `training_step` to return the loss (or a"
-                    f" dict with 'loss'), got {type(output).__name__}."
+                    f"{what} needs `training_step` to return the loss (or a dict with 'loss'),"
+                    f" got {type(output).__name__}."
                 )
+            if timed:
+                for throttle in throttles:
+                    throttle.on_train_batch_start(trainer, module, batch, 0)
+                    throttle.on_before_backward(trainer, module, loss)
             loss.backward()
             for optimizer in self.optimizers:
-                optimizer.step()
+                if not timed:
+                    optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
+        quiet = {"log": lambda *a, **k: None, "log_dict": lambda *a, **k: None}
+        with preserved_state(module, optimizers), _patched(module, quiet):
+            yield step
+
+    def _probe_memory(self, loader: DataLoader) -> None:
+        """``max_batch_size="auto"``: measure each rank's memory bound and gather them all."""
+        total = self._global_batch_size or (loader.batch_size or 1) * self.world_size
+        largest = min(total, len(loader.dataset))  # type: ignore[arg-type]
+        sizes = self.probe_batch_sizes or probe_sizes(largest)
         device = self.root_device
         devices = self.parallel_devices or [device]
         # ranks sharing what the probe measures: the GPU on CUDA, the host's memory on CPU
         share = sum(d == device for d in devices) if device.type == "cuda" else len(devices)
-        quiet = {"log": lambda *a, **k: None, "log_dict": lambda *a, **k: None}
-        with preserved_state(module, optimizers), _patched(module, quiet):
+        with self._probing(loader, "max_batch_size='auto'") as step:
             bound, model, result = auto_max_batch_size(
                 step, sizes, device, safety=self.memory_safety, cap=total, share=share
             )
@@ -640,17 +710,9 @@ class HeteroStrategy(DDPStrategy):
                 )
             else:
                 total = loader_batch_size * world_size
-        upper = self._upper_bound()
-        try:
-            limits = BatchLimits.build(world_size, total, self._min_batch_size, upper)
-        except PlanError as err:
-            if self._max_batch_size != "auto":
-                raise
-            raise PlanError(
-                f"max_batch_size='auto' measured per-rank maximums {upper}; {err} Lower the"
-                " global batch size, or free memory on the ranks."
-            ) from None
-        self._limits = limits
+        self._base_global = total
+        limits = self._limits = self._scaled_limits()
+        total = limits.global_batch_size
         lower, upper = limits.min_batch_size, limits.max_batch_size
         if self._restored_plan is not None:
             restored = self._restored_plan
@@ -666,6 +728,154 @@ class HeteroStrategy(DDPStrategy):
             return proportional_split([1.0] * world_size, total, lower, upper)
         assert self._capacities is not None
         return proportional_split(self._capacities, total, lower, upper)
+
+    def _scaled_upper(self) -> int | list[int] | None:
+        """Per-rank maximums at the current input scale (memory per sample follows it)."""
+        upper = self._upper_bound()
+        if self._max_batch_size == "auto" and isinstance(upper, list) and self._input_scale != 1:
+            return [max(1, math.floor(b / self._input_scale)) for b in upper]
+        return upper
+
+    def _scaled_limits(self) -> BatchLimits:
+        """The limits at the current input scale: see :meth:`set_input_scale`."""
+        assert self._base_global is not None
+        world_size, upper = self.world_size, self._scaled_upper()
+        total = self._scaled_global
+        if total is None:
+            total = max(round(self._base_global / self._input_scale), 1)
+            if upper is not None:  # a derived batch never exceeds what fits
+                total = min(total, sum(expand_bound(upper, world_size, total)))
+        try:
+            return BatchLimits.build(world_size, total, self._min_batch_size, upper)
+        except PlanError as err:
+            if self._max_batch_size != "auto":
+                raise
+            raise PlanError(
+                f"max_batch_size='auto' measured per-rank maximums {upper}; {err} Lower the"
+                " global batch size, or free memory on the ranks."
+            ) from None
+
+    # ---------------------------------------------------------------- dual batch sizes
+    def _plan_dual(self, loader: DataLoader) -> list[int]:
+        """Dual batch size learning: time probe batches, then plan ``B_L``/``B_S`` and shares."""
+        dual = self._dual
+        assert dual is not None
+        upper = self._upper_bound()
+        smallest_upper = min(upper) if isinstance(upper, list) else upper
+        large = dual.large_batch_size or smallest_upper or loader.batch_size
+        if large is None:
+            raise ValueError(
+                "controller='dual' needs a large batch size: set"
+                " DualBatchController(large_batch_size=...), `max_batch_size`, or the training"
+                " DataLoader's `batch_size`."
+            )
+        if smallest_upper is not None and large > smallest_upper:
+            raise PlanError(
+                f"The large batch size {large} exceeds the per-rank maximum {upper}; lower"
+                " `large_batch_size` or raise `max_batch_size`."
+            )
+        time_model = self._probe_time(loader, large)
+        if time_model.relative_error > 0.1:
+            rank_zero_warn(
+                f"controller='dual': the linear time fit is off by up to"
+                f" {time_model.relative_error:.0%} on the probe {list(time_model.samples)}."
+            )
+        self._dual_reference = plan_dual_batch(
+            time_model,
+            len(loader.dataset),  # type: ignore[arg-type]
+            self.world_size,
+            dual.resolve_small_workers(self.world_size),
+            large,
+            dual.extra_time_ratio,
+            dual.update_factor,
+        )
+        self._base_global = sum(self._dual_reference.batch_sizes)
+        return self._rescale_dual()
+
+    def _probe_time(self, loader: DataLoader, largest: int) -> TimeModel:
+        """Fit ``t(x) = a*x + b`` to timed forward/backward passes of the slowest rank."""
+        largest = min(largest, len(loader.dataset))  # type: ignore[arg-type]
+        sizes = sorted(set(probe_sizes(largest)))
+        cuda = self.root_device.type == "cuda"
+        times = []
+        with self._probing(loader, "controller='dual'") as step:
+            step(sizes[0], timed=True)  # warm-up: allocator, kernels, caches
+            for size in sizes:
+                runs = []
+                for _ in range(3):
+                    if cuda:
+                        torch.cuda.synchronize(self.root_device)
+                    started = time.perf_counter()
+                    step(size, timed=True)
+                    if cuda:
+                        torch.cuda.synchronize(self.root_device)
+                    runs.append(time.perf_counter() - started)
+                times.append(min(runs))
+        rows = self.gather_rows(times)
+        # the slowest rank sets the pace of an epoch: plan with its times
+        slowest = [max(row[i] for row in rows) for i in range(len(sizes))]
+        return TimeModel.fit(list(zip(sizes, slowest)))
+
+    def _rescale_dual(self) -> list[int]:
+        """The dual plan at the current input scale (hybrid scheme: one per resolution)."""
+        reference = self._dual_reference
+        assert reference is not None
+        scale = self._input_scale
+        plan = reference
+        if scale != 1.0 or self._scaled_global is not None:
+            large = self._scaled_global or max(round(reference.large_batch_size / scale), 2)
+            upper = self._scaled_upper()
+            if self._scaled_global is None and upper is not None:
+                large = min(large, min(upper) if isinstance(upper, list) else upper)
+            plan = reference.rescaled(large, reference.time_model.scaled(scale))
+        self.dual_plan = plan
+        sizes = list(plan.batch_sizes)
+        self._limits = BatchLimits(sum(sizes), sizes, sizes)
+        rank_zero_info(f"hetero: dual batch size plan (input scale {scale:g})\n{plan.table()}")
+        return sizes
+
+    def set_input_scale(self, scale: float, global_batch_size: int | None = None) -> None:
+        """Inputs are now ``scale`` times as large per sample as those the plan was made for.
+
+        Progressive learning calls this when the image resolution changes (``scale`` is the
+        ratio of pixel counts). From the next epoch (the training loader is rebuilt), the
+        global batch is ``global_batch_size`` or, by default, the planned-for global batch
+        divided by ``scale`` and capped by what fits: maximums measured by
+        ``max_batch_size="auto"`` scale by ``1 / scale`` (memory per sample follows the input
+        size; given maximums stay as they are). The current plan is rescaled in proportion.
+        With ``controller="dual"`` the batch is the large batch ``B_L``, the time model's
+        per-sample cost scales by ``scale`` and ``B_S`` is planned again (paper 003's hybrid
+        scheme); the per-rank sample shares stay. Call it on every rank with the same
+        arguments.
+        """
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"`scale` must be a finite number > 0, got {scale}.")
+        if global_batch_size is not None and (
+            isinstance(global_batch_size, bool)
+            or not isinstance(global_batch_size, int)
+            or global_batch_size < 1
+        ):
+            raise ValueError(f"`global_batch_size` must be an integer >= 1, got {global_batch_size}.")
+        if (scale, global_batch_size) == (self._input_scale, self._scaled_global):
+            return
+        self._input_scale, self._scaled_global = scale, global_batch_size
+        if self._plan is not None:  # else the first training loader applies it
+            self._rescale_pending = True
+            request_train_reload(self.lightning_module.trainer)
+
+    def _apply_input_scale(self) -> None:
+        """Rescale the plan to the input scale set since the last training loader."""
+        self._rescale_pending = False
+        if self.dual_plan is not None:
+            self._plan = self._rescale_dual()
+            return
+        limits = self._limits = self._scaled_limits()
+        self._plan = proportional_split(
+            self.batch_sizes,
+            limits.global_batch_size,
+            limits.min_batch_size,
+            limits.max_batch_size,
+        )
 
     # ---------------------------------------------------------------- plan changes
     def apply_plan(self, batch_sizes: Sequence[int], from_step: int | None = None) -> None:
@@ -731,7 +941,9 @@ class HeteroStrategy(DDPStrategy):
         super().on_train_start()
         if self.mode == "async":
             if self.global_rank == 0:
-                self.server = ParameterServer(self.optimizers, self.world_size, self.lr_scaling)
+                self.server = ParameterServer(
+                    self.optimizers, self.world_size, self.lr_scaling and self.dual_plan is None
+                )
                 ServerClient.start_server(self.server)
             self.synchronize("the start of training")  # every rank starts from the server
         elif self.mode == "local":
@@ -752,6 +964,12 @@ class HeteroStrategy(DDPStrategy):
             plan = self.batch_sizes
             self._share = (local, sum(plan))
             if local == plan[self.global_rank]:
+                self._timer.start(local)
+            return
+        if isinstance(self.sampler, PartitionBatchSampler):
+            local = self.sampler.size_at(batch_idx)
+            self._share = (local, local)  # dual: the server scales by the update factor
+            if local == self.sampler.batch_size:
                 self._timer.start(local)
             return
         if self.sampler is None:
@@ -813,7 +1031,8 @@ class HeteroStrategy(DDPStrategy):
         grads = [None if p.grad is None else p.grad.detach().to("cpu", copy=True) for p in params]
         lrs = [float(group["lr"]) for group in optimizer.param_groups]
         local, total = self._share
-        result = self._client.push(index, grads, local, total, lrs, self._seen_version)
+        factor = 1.0 if self.dual_plan is None else self.dual_plan.update_factors[self.global_rank]
+        result = self._client.push(index, grads, local, total, lrs, self._seen_version, factor)
         self._load(params, result.params)
         self._seen_version = result.version
         self._pushes += 1

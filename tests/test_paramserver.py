@@ -34,6 +34,15 @@ def test_without_lr_scaling_the_full_learning_rate_is_applied():
         torch.testing.assert_close(new, old - 0.5)
 
 
+def test_an_update_factor_scales_the_step_on_top_of_the_batch_share():
+    layer, _, server = server_for(lr=0.5)
+    before = [p.detach().clone() for p in layer.parameters()]
+    grads = [torch.randn_like(p) for p in before]
+    result = server.push(2, 0, grads, 24, 96, [0.5], 0, 0.8)
+    for old, new, grad in zip(before, result.params, grads):
+        torch.testing.assert_close(new, old - 0.5 * 24 / 96 * 0.8 * grad)
+
+
 def test_the_pushed_learning_rate_is_used_and_kept_unscaled_in_the_state():
     layer, _, server = server_for(lr=0.5)
     before = [p.detach().clone() for p in layer.parameters()]
@@ -111,6 +120,8 @@ def test_concurrent_pushes_lose_no_update():
         ((0, 0, [None, None], 1, 2, [0.5, 0.1], 0), "2 learning rates"),
         ((0, 0, [None, None], 3, 2, [0.5], 0), "batch of 3 out of a global batch of 2"),
         ((0, 1, [None, None], 1, 2, [0.5], 0), "holds 1 optimizers"),
+        ((0, 0, [None, None], 1, 2, [0.5], 0, 0.0), "update factor of 0.0"),
+        ((0, 0, [None, None], 1, 2, [0.5], 0, float("nan")), "update factor of nan"),
     ],
 )
 def test_malformed_pushes_are_refused_with_the_reason(args, message):

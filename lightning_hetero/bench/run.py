@@ -45,6 +45,8 @@ class RunConfig:
     weighted: bool = True
     deadband: float = 0.05
     model: str = "cnn"  # "cnn" (BatchNorm + torchmetrics) or "boring" (Lightning's BoringModel)
+    resolution: int = 8  # digits upsampled to resolution x resolution
+    dropout: float = 0.0
     lr: float = 0.05
     num_workers: int = 0
     seed: int = 0
@@ -134,8 +136,8 @@ def _model_and_data(config: RunConfig) -> tuple[pl.LightningModule, pl.Lightning
         return BoringModel(), BoringDataModule()
     from lightning_hetero.bench.workload import DigitsCNN, DigitsDataModule
 
-    return DigitsCNN(lr=config.lr), DigitsDataModule(
-        config.batch_size, config.num_workers, config.seed
+    return DigitsCNN(lr=config.lr, dropout=config.dropout), DigitsDataModule(
+        config.batch_size, config.num_workers, config.seed, config.resolution
     )
 
 
@@ -219,6 +221,15 @@ def run(config: RunConfig) -> dict[str, Any]:
         summary["history"] = strategy.history
         summary["memory_probe"] = strategy.memory_probe
         summary["merges"] = strategy.merges
+        if strategy.dual_plan is not None:
+            plan = strategy.dual_plan
+            summary["dual_plan"] = {
+                "batch_sizes": plan.batch_sizes,
+                "samples": plan.samples,
+                "update_factors": plan.update_factors,
+                "time_model": [plan.time_model.a, plan.time_model.b],
+                "relative_error": plan.time_model.relative_error,
+            }
     if trainer.global_rank == 0 and config.result:
         Path(config.result).write_text(json.dumps(summary, indent=1))
     if torch.distributed.is_initialized():

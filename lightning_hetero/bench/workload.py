@@ -16,9 +16,15 @@ __all__ = ["DigitsCNN", "DigitsDataModule", "load_digits_tensors"]
 
 
 def load_digits_tensors(
-    seed: int = 0, test_fraction: float = 0.2
+    seed: int = 0, test_fraction: float = 0.2, resolution: int = 8
 ) -> tuple[TensorDataset, TensorDataset]:
-    """Digits as ``(train, test)`` TensorDatasets of ``1x8x8`` images in ``[0, 1]``."""
+    """Digits as ``(train, test)`` TensorDatasets of ``1 x r x r`` images in ``[0, 1]``.
+
+    ``resolution`` above the native 8 upsamples once (bilinear), so that resizing during
+    training (progressive learning) has detail to lose.
+    """
+    if resolution < 1:
+        raise ValueError(f"`resolution` must be >= 1, got {resolution}.")
     try:
         from sklearn.datasets import load_digits
     except ImportError as err:  # pragma: no cover - dev extra missing
@@ -27,6 +33,10 @@ def load_digits_tensors(
         ) from err
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    if resolution != images.shape[-1]:
+        images = nn.functional.interpolate(
+            images, size=(resolution, resolution), mode="bilinear", align_corners=False
+        )
     labels = torch.tensor(digits.target, dtype=torch.long)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     num_test = int(len(labels) * test_fraction)
@@ -37,12 +47,14 @@ def load_digits_tensors(
 class DigitsDataModule(pl.LightningDataModule):
     """Train/test split of the digits; ``batch_size`` is the per-rank (uniform) batch."""
 
-    def __init__(self, batch_size: int = 32, num_workers: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self, batch_size: int = 32, num_workers: int = 0, seed: int = 0, resolution: int = 8
+    ) -> None:
         super().__init__()
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed
-        self.train_set, self.test_set = load_digits_tensors(seed)
+        self.train_set, self.test_set = load_digits_tensors(seed, resolution=resolution)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(
@@ -58,9 +70,12 @@ class DigitsDataModule(pl.LightningDataModule):
 
 
 class DigitsCNN(pl.LightningModule):
-    """Two conv layers with BatchNorm and a linear head; logs accuracy with torchmetrics."""
+    """Two conv layers with BatchNorm and a linear head; logs accuracy with torchmetrics.
 
-    def __init__(self, lr: float = 0.05, batch_norm: bool = True) -> None:
+    Any input resolution works (adaptive pooling); ``dropout`` is applied before the head.
+    """
+
+    def __init__(self, lr: float = 0.05, batch_norm: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
         self.save_hyperparameters()
         norm = nn.BatchNorm2d if batch_norm else nn.Identity
@@ -73,6 +88,7 @@ class DigitsCNN(pl.LightningModule):
             nn.ReLU(),
             nn.AdaptiveAvgPool2d(2),
             nn.Flatten(),
+            nn.Dropout(dropout),
             nn.Linear(128, 10),
         )
         self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=10)

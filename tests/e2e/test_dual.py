@@ -1,0 +1,35 @@
+"""Dual batch size learning on 4 gloo ranks in async mode, launched as a user would."""
+
+import math
+
+import pytest
+
+from tests.e2e.launch import run_training
+
+
+def test_dual_plan_runs_each_rank_on_its_batch_and_share(tmp_path):
+    summary = run_training(
+        tmp_path,
+        workers=4,
+        epochs=2,
+        batch_size=32,
+        sample_cost=[0.001] * 4,  # per-sample time dominates: a clean linear time fit
+        controller="dual",
+        controller_options={"small_workers": 2, "extra_time_ratio": 1.1},
+        extra={"mode": "async"},
+    )
+    plan = summary["dual_plan"]
+    large, small = plan["batch_sizes"][:2], plan["batch_sizes"][2:]
+    assert large == [32, 32]  # the loader's batch size is B_L by default
+    assert small[0] == small[1] and 1 <= small[0] < 32
+    samples = plan["samples"]
+    assert sum(samples) == 1438  # the digits training set, each sample once per epoch
+    d_large = 1.1 * 1438 / 4
+    assert all(abs(n - d_large) < 1 for n in samples[:2])
+    d_small = (1438 - 2 * d_large) / 2
+    assert plan["update_factors"] == pytest.approx([1.0, 1.0] + [d_small / d_large] * 2)
+    steps = [math.ceil(n / b) for n, b in zip(samples, plan["batch_sizes"])]
+    for entry in summary["history"]:  # the server counted each rank's pushes per epoch
+        assert entry["updates"] == steps
+        assert entry["batch_sizes"] == plan["batch_sizes"]
+    assert summary["metrics"]["val_acc"] > 0.3  # chance is 0.1
