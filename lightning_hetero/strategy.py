@@ -39,7 +39,6 @@ from lightning_hetero.paramserver import ParameterServer, ServerClient
 from lightning_hetero.planning import (
     BatchLimits,
     Controller,
-    MemoryModel,
     PlanError,
     check_merge_options,
     check_plan,
@@ -855,7 +854,9 @@ class HeteroStrategy(DDPStrategy):
             or not isinstance(global_batch_size, int)
             or global_batch_size < 1
         ):
-            raise ValueError(f"`global_batch_size` must be an integer >= 1, got {global_batch_size}.")
+            raise ValueError(
+                f"`global_batch_size` must be an integer >= 1, got {global_batch_size}."
+            )
         if (scale, global_batch_size) == (self._input_scale, self._scaled_global):
             return
         self._input_scale, self._scaled_global = scale, global_batch_size

@@ -11,7 +11,8 @@ from lightning_hetero.sampler import EpochPermutation, PartitionBatchSampler
 
 
 def test_dual_runs_on_the_parameter_server_only():
-    assert isinstance(HeteroStrategy(mode="async", controller="dual").controller, DualBatchController)
+    strategy = HeteroStrategy(mode="async", controller="dual")
+    assert isinstance(strategy.controller, DualBatchController)
     for mode in ("bsp", "local"):
         with pytest.raises(ValueError, match="mode='async' with controller='dual'"):
             HeteroStrategy(mode=mode, controller="dual")
