@@ -60,12 +60,15 @@ def measure_modes(
     configs: Sequence[str] = tuple(CONFIGS),
     timeout: float | None = 900.0,
     log: Callable[[str], None] | None = None,
+    catalog: dict[str, dict[str, Any]] = CONFIGS,
+    common: dict[str, Any] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run every configuration on every level ``repeats`` times; returns the raw summaries.
 
     ``raw[level][repeat][config]`` is rank 0's run summary (with ``accuracy_curve``), or
     ``{"error": message}`` if the run failed. ``log`` gets one line per finished run
-    (default: standard error).
+    (default: standard error). ``catalog`` maps the names in ``configs`` to RunConfig
+    fields; ``common`` adds fields to every run.
     """
     if log is None:
 
@@ -82,12 +85,13 @@ def measure_modes(
             "epochs": epochs,
             "validate": False,
             "val_every_epoch": True,
+            **(common or {}),
         }
         raw[level] = []
         for repeat in range(repeats):
             runs: dict[str, Any] = {}
             for name in run_order(configs, repeat):
-                config = {**common, **CONFIGS[name], "seed": repeat}
+                config = {**common, **catalog[name], "seed": repeat}
                 run_start = time.perf_counter()
                 try:
                     runs[name] = launch(config, workdir, timeout=timeout)
@@ -115,8 +119,11 @@ def _time_to_target(curve: Sequence[Sequence[float]], target: float) -> tuple[fl
     return math.inf, math.inf
 
 
-def figures(runs: dict[str, Any], target: float) -> dict[str, dict[str, float]]:
-    """The report's figures for each successful run of one repeat (``runs[config]``)."""
+def figures(
+    runs: dict[str, Any], target: float, baseline: str = "ddp"
+) -> dict[str, dict[str, float]]:
+    """The report's figures for each successful run of one repeat (``runs[config]``);
+    speedups are against the ``baseline`` run's time to target."""
     out: dict[str, dict[str, float]] = {}
     for name, summary in runs.items():
         curve = summary.get("accuracy_curve")
@@ -131,15 +138,15 @@ def figures(runs: dict[str, Any], target: float) -> dict[str, dict[str, float]]:
             "reached": float(tta < math.inf),
             "epochs_to_target": epochs,
         }
-    ddp_tta = out["ddp"]["tta_s"] if "ddp" in out else math.nan
+    base_tta = out[baseline]["tta_s"] if baseline in out else math.nan
     for values in out.values():
         tta = values["tta_s"]
-        if math.isnan(ddp_tta) or (math.isinf(ddp_tta) and math.isinf(tta)):
+        if math.isnan(base_tta) or (math.isinf(base_tta) and math.isinf(tta)):
             values["speedup"] = math.nan  # nothing to compare with
         elif math.isinf(tta):
             values["speedup"] = 0.0
         else:
-            values["speedup"] = ddp_tta / tta
+            values["speedup"] = base_tta / tta
     return out
 
 
@@ -163,7 +170,10 @@ def _cell(values: list[float], key: str) -> str:
 
 
 def modes_report(
-    raw: dict[str, list[dict[str, Any]]], target: float, configs: Sequence[str] | None = None
+    raw: dict[str, list[dict[str, Any]]],
+    target: float,
+    configs: Sequence[str] | None = None,
+    baseline: str = "ddp",
 ) -> str:
     """A Markdown table per level and configuration: min / median / max over repeats."""
     lines = [
@@ -172,8 +182,9 @@ def modes_report(
     ]
     failures: list[str] = []
     for level, repeats in raw.items():
-        per_repeat = [figures(runs, target) for runs in repeats]
-        names = configs or [name for name in CONFIGS if any(name in runs for runs in repeats)]
+        per_repeat = [figures(runs, target, baseline) for runs in repeats]
+        seen = {name for runs in repeats for name in runs}
+        names = configs or [n for n in CONFIGS if n in seen] + sorted(seen - set(CONFIGS))
         for name in names:
             rows = [f[name] for f in per_repeat if name in f]
             ran = sum(name in runs for runs in repeats)
@@ -186,7 +197,9 @@ def modes_report(
                 else:
                     cells.append(_cell([r[key] for r in rows], key) if rows else "failed")
             lines.append(f"| {level} | `{name}` | " + " | ".join(cells) + " |")
-    legend = "\n".join(f"- `{key}`: {text}" for key, text in COLUMNS.items())
+    legend = "\n".join(
+        f"- `{key}`: {text.replace('ddp', f'`{baseline}`')}" for key, text in COLUMNS.items()
+    )
     text = (
         "\n".join(lines)
         + f"\n\nTarget accuracy {target:g}. Each cell: min / median / max over repeats"
