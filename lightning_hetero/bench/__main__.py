@@ -4,6 +4,7 @@
     python -m lightning_hetero.bench --levels HL4 --repeats 1 --epochs 5
     python -m lightning_hetero.bench --simulate           # controllers on the simulator
     python -m lightning_hetero.bench --modes              # time-to-accuracy of the modes
+    python -m lightning_hetero.bench --dual               # uniform large vs dual vs hybrid
 
 Every repeat runs both strategies back to back (alternating which goes first) on the
 same emulated cluster: 4 gloo ranks on this machine, each slowed by
@@ -21,6 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from lightning_hetero.bench.dual import DUAL_CONFIGS, dual_configs
 from lightning_hetero.bench.modes import CONFIGS, measure_modes, modes_report
 from lightning_hetero.bench.run import launch
 from lightning_hetero.bench.simulate import (
@@ -141,8 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--base-cost",
         type=float,
-        default=0.048,
-        help="emulated seconds per sample on a 1-core worker",
+        help="emulated seconds per sample on a 1-core worker (default: 0.048; 0 with --dual,"
+        " whose time savings come from real compute at lower resolution)",
     )
     parser.add_argument(
         "--skip", type=int, default=2, help="hetero epochs left out of the steady state"
@@ -193,13 +195,24 @@ def main(argv: list[str] | None = None) -> None:
     modes.add_argument(
         "--configs",
         nargs="+",
-        default=list(CONFIGS),
-        choices=list(CONFIGS),
-        help="configurations to compare (default: all)",
+        metavar="NAME",
+        help=f"configurations to compare (default: all): {', '.join(CONFIGS)}; with --dual:"
+        f" {', '.join(DUAL_CONFIGS)}",
     )
+    dual = parser.add_argument_group(
+        "dual",
+        "dual batch size learning on 4 equal workers: uniform large batch vs dual batch vs"
+        " hybrid with progressive resizing (digits at 32x32, validation every epoch)",
+    )
+    dual.add_argument("--dual", action="store_true", help="run the dual batch size benchmark")
+    dual.add_argument("--small-workers", type=int, default=2, help="small-batch workers (of 4)")
+    dual.add_argument("--extra-time-ratio", type=float, default=1.05, help="k > 1 (paper 003)")
+    dual.add_argument("--large-batch", type=int, default=32, help="B_L, the large batch")
     args = parser.parse_args(argv)
-    if args.simulate and args.modes:
-        parser.error("--simulate and --modes are separate benchmarks; pick one")
+    if args.simulate + args.modes + args.dual > 1:
+        parser.error("--simulate, --modes and --dual are separate benchmarks; pick one")
+    if args.base_cost is None:
+        args.base_cost = 0.0 if args.dual else 0.048
     if args.simulate:
         if args.seeds < 1:
             parser.error("need --seeds >= 1")
@@ -212,6 +225,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.modes:
         _run_modes(parser, args)
+        return
+    if args.dual:
+        _run_dual(parser, args)
         return
     args.levels = args.levels or list(HETEROGENEITY_LEVELS)
     args.epochs = 6 if args.epochs is None else args.epochs
@@ -234,9 +250,10 @@ def main(argv: list[str] | None = None) -> None:
     print(report(raw, args.skip))
 
 
-def _run_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    levels = args.levels or ["HL4", "HL8"]
-    epochs = 8 if args.epochs is None else args.epochs
+def _check_accuracy_options(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, epochs: int, known: list[str]
+) -> list[str]:
+    """Validate the options of the accuracy benchmarks; returns the configurations."""
     if args.repeats < 1 or epochs < 1:
         parser.error("need --repeats >= 1 and --epochs >= 1")
     for target in args.target:
@@ -244,12 +261,50 @@ def _run_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"--target must be an accuracy in (0, 1], got {target}")
     if args.base_cost < 0:
         parser.error(f"--base-cost must be >= 0, got {args.base_cost}")
-    configs = list(dict.fromkeys(args.configs))
+    configs = list(dict.fromkeys(args.configs or known))
+    unknown = [name for name in configs if name not in known]
+    if unknown:
+        parser.error(f"unknown --configs {unknown}; choose from {known}")
+    return configs
+
+
+def _run_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    levels = args.levels or ["HL4", "HL8"]
+    epochs = 8 if args.epochs is None else args.epochs
+    configs = _check_accuracy_options(parser, args, epochs, list(CONFIGS))
     with tempfile.TemporaryDirectory() as tmp:
         raw = measure_modes(levels, args.repeats, epochs, args.base_cost, Path(tmp), configs)
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
     print("\n".join(modes_report(raw, target, configs) for target in args.target))
+
+
+def _run_dual(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    levels = args.levels or ["HL1"]
+    epochs = 14 if args.epochs is None else args.epochs
+    configs = _check_accuracy_options(parser, args, epochs, list(DUAL_CONFIGS))
+    if not 0 < args.small_workers < 4 or args.extra_time_ratio <= 1 or args.large_batch < 2:
+        parser.error("need 0 < --small-workers < 4, --extra-time-ratio > 1, --large-batch >= 2")
+    try:
+        catalog = dual_configs(epochs, args.small_workers, args.extra_time_ratio)
+    except ValueError as err:
+        parser.error(str(err))
+    common = {"resolution": 32, "batch_size": args.large_batch}
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = measure_modes(
+            levels,
+            args.repeats,
+            epochs,
+            args.base_cost,
+            Path(tmp),
+            configs,
+            catalog=catalog,
+            common=common,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(raw, indent=1))
+    for target in args.target:
+        print(modes_report(raw, target, configs, baseline="uniform-large"))
 
 
 if __name__ == "__main__":

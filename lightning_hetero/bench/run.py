@@ -47,6 +47,9 @@ class RunConfig:
     model: str = "cnn"  # "cnn" (BatchNorm + torchmetrics) or "boring" (Lightning's BoringModel)
     resolution: int = 8  # digits upsampled to resolution x resolution
     dropout: float = 0.0
+    # ProgressiveSchedule stages: [{"lr": 0.05, "substages": [{"epochs": 2, "resolution": 24,
+    # "dropout": 0.1}, ...]}, ...]
+    progressive: list[dict[str, Any]] | None = None
     lr: float = 0.05
     num_workers: int = 0
     seed: int = 0
@@ -174,6 +177,14 @@ def run(config: RunConfig) -> dict[str, Any]:
         if isinstance(cost, dict):
             cost = {int(epoch): costs for epoch, costs in cost.items()}
         callbacks.append(Throttle(cost, unit=config.throttle_unit))  # type: ignore[arg-type]
+    if config.progressive is not None:
+        from lightning_hetero.progressive import ProgressiveSchedule, Stage, SubStage
+
+        stages = [
+            Stage(lr=stage["lr"], substages=[SubStage(**sub) for sub in stage["substages"]])
+            for stage in config.progressive
+        ]
+        callbacks.append(ProgressiveSchedule(stages))
     if config.checkpoint_dir:
         callbacks.append(
             ModelCheckpoint(dirpath=config.checkpoint_dir, save_last=True, save_top_k=0)
