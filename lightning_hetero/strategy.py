@@ -314,6 +314,7 @@ class HeteroStrategy(DDPStrategy):
         self._limits: BatchLimits | None = None
         self._capacities: list[float] | None = None
         self._restored_plan: list[int] | None = None
+        self._restored_weights: list[float] | None = None
         self._user_shuffle: bool | None = None
         self.sampler: GlobalBatchSampler | MegaBatchSampler | None = None
         self.history: list[dict[str, Any]] = []
@@ -656,6 +657,9 @@ class HeteroStrategy(DDPStrategy):
             restored = self._restored_plan
             if len(restored) == world_size and sum(restored) == total:
                 return check_plan(restored, world_size, total, lower, upper)
+            weights = self._restored_weights
+            if weights is not None and len(weights) == world_size:
+                return proportional_split(weights, total, lower, upper)  # the callback warned
             rank_zero_warn(
                 f"The checkpoint's plan {restored} does not fit {world_size} ranks and a global"
                 f" batch of {total}; starting again from batch_sizes={initial!r}."
@@ -689,9 +693,16 @@ class HeteroStrategy(DDPStrategy):
             self.sampler.set_plan(plan, from_step)
         self._plan = plan
 
-    def restore_plan(self, batch_sizes: Sequence[int]) -> None:
-        """Start (or continue) from ``batch_sizes``, e.g. a plan saved in a checkpoint."""
+    def restore_plan(
+        self, batch_sizes: Sequence[int], weights: Sequence[float] | None = None
+    ) -> None:
+        """Start (or continue) from ``batch_sizes``, e.g. a plan saved in a checkpoint.
+
+        ``weights``: one split weight per rank of this run, for when ``batch_sizes`` does not
+        fit it (another world size): the initial plan is then proportional to them.
+        """
         self._restored_plan = [int(b) for b in batch_sizes]
+        self._restored_weights = None if weights is None else [float(w) for w in weights]
         self._plan = None
         self.sampler = None
 
@@ -846,12 +857,47 @@ class HeteroStrategy(DDPStrategy):
 
     @contextmanager
     def guarded(self, operation: str) -> Iterator[None]:
-        """Run a collective; if it fails, the error says which operation on which rank."""
+        """Run a collective; if it fails, the error says which operation on which rank.
+
+        A timed-out collective's note also names the ``timeout`` option (once, where guards
+        are nested; each guard names its operation).
+        """
         try:
             yield
         except Exception as err:
-            _add_note(err, f"hetero: {operation} failed on rank {self.global_rank}.")
+            note = f"hetero: {operation} failed on rank {self.global_rank}."
+            text = str(err).lower()
+            if not getattr(err, "_hetero_noted", False) and (
+                "timed out" in text or "timeout" in text
+            ):
+                note += (
+                    f" Some rank did not join it within the collective timeout ({self._timeout},"
+                    " the strategy's `timeout` option): a rank that hangs or dies stops the"
+                    " others after that long. Resume from the last checkpoint with"
+                    " `trainer.fit(..., ckpt_path=...)`."
+                )
+            _add_note(err, note)
+            err._hetero_noted = True  # type: ignore[attr-defined]
             raise
+
+    @override
+    def backward(
+        self,
+        closure_loss: torch.Tensor,
+        optimizer: torch.optim.Optimizer | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        if self.mode != "bsp":
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+        # DDP waits for the gradient all-reduce inside backward: a hung peer surfaces here.
+        with self.guarded("the gradient all-reduce (in backward)"):
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        with self.guarded(f"the barrier {name!r}" if name else "a barrier"):
+            super().barrier(name)
 
     # ---------------------------------------------------------------- local mode
     def _merge_megabatch(self) -> None:
