@@ -184,7 +184,7 @@ class HeteroCallback(Callback):
                 how += f", and ranks {fallback} without one get their mean"
         rank_zero_warn(
             f"hetero: the checkpoint was written by {state['world_size']} ranks, this run has"
-            f" {strategy.world_size}: {how}. The {state['controller_class']} controller's state"
+            f" {strategy.world_size}: {how}. The controller's state ({state['controller_class']})"
             " starts fresh."
         )
 

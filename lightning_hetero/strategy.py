@@ -859,22 +859,25 @@ class HeteroStrategy(DDPStrategy):
     def guarded(self, operation: str) -> Iterator[None]:
         """Run a collective; if it fails, the error says which operation on which rank.
 
-        A timed-out collective's note also names the ``timeout`` option (once, where guards
-        are nested; each guard names its operation).
+        A timed-out collective's note also names the ``timeout`` option, a closed connection's
+        says that a peer stopped first (once, where guards are nested; each guard names its
+        operation).
         """
         try:
             yield
         except Exception as err:
             note = f"hetero: {operation} failed on rank {self.global_rank}."
-            text = str(err).lower()
-            if not getattr(err, "_hetero_noted", False) and (
-                "timed out" in text or "timeout" in text
-            ):
+            text = "" if getattr(err, "_hetero_noted", False) else str(err).lower()
+            if "timed out" in text or "timeout" in text:
                 note += (
                     f" Some rank did not join it within the collective timeout ({self._timeout},"
                     " the strategy's `timeout` option): a rank that hangs or dies stops the"
                     " others after that long. Resume from the last checkpoint with"
                     " `trainer.fit(..., ckpt_path=...)`."
+                )
+            elif "connection closed" in text or "connection reset" in text:
+                note += (
+                    " A peer rank stopped first (it failed, was killed or timed out): see its log."
                 )
             _add_note(err, note)
             err._hetero_noted = True  # type: ignore[attr-defined]
