@@ -26,15 +26,21 @@ COSTS = [0.002, 0.006, 0.002]  # rank 1 is 3x slower per sample
 COMMON = {"sample_cost": COSTS, "global_batch_size": 48, "deadband": 0.3}
 
 
-def torchrun(nproc: int, config: dict, max_restarts: int = 0, timeout: float = 240):
-    """Run elastic_run.py under torchrun; returns the process (output captured)."""
+def environment() -> dict[str, str]:
+    """This checkout first on the path, one thread per rank, warnings shown (tests read them)."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]),
     }
-    env.pop("PYTHONWARNINGS", None)  # the tests read the strategy's warnings
+    env.pop("PYTHONWARNINGS", None)
+    return env
+
+
+def torchrun(nproc: int, config: dict, max_restarts: int = 0, timeout: float = 240):
+    """Run elastic_run.py under torchrun; returns the process (output captured)."""
+    env = environment()
     command = [
         sys.executable,
         "-m",
@@ -154,14 +160,12 @@ def test_a_rank_that_becomes_10x_slower_is_given_less_work_and_reported_once(tmp
         "extra": {"min_batch_size": 16},
         "result": str(tmp_path / "result.json"),
     }
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("PYTHONWARNINGS", None)
     proc = subprocess.run(
         [sys.executable, "-m", "lightning_hetero.bench.run", json.dumps(config)],
         capture_output=True,
         text=True,
         timeout=300,
-        env=env,
+        env=environment(),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
