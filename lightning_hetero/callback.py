@@ -96,7 +96,8 @@ class HeteroCallback(Callback):
         self._hetero: HeteroStrategy | None = None
         self._meter: ResourceMeter | None = None
         self._identities: list[RankIdentity] = []
-        self._samples_per_s: list[float] = []
+        self._samples_per_s: list[float] = []  # per rank, at the last boundary
+        self._measured_batch_sizes: list[int] = []  # the batches those were measured on
         self._warned_minimum: set[int] = set()
 
     @property
@@ -254,6 +255,7 @@ class HeteroCallback(Callback):
         self._samples_per_s = [
             b / t if math.isfinite(t) and t > 0 else math.nan for b, t in zip(measured, compute_s)
         ]
+        self._measured_batch_sizes = measured
         stats = [RankStats(row[5], row[6], row[7], counts[k]) for k, row in enumerate(rows)]
         plan = strategy.batch_sizes
 
@@ -400,7 +402,7 @@ class HeteroCallback(Callback):
                 }
                 for identity, batch_size, speed in zip(
                     self._identities,
-                    strategy.batch_sizes,
+                    self._measured_batch_sizes or strategy.batch_sizes,
                     self._samples_per_s or [math.nan] * strategy.world_size,
                 )
             ],

@@ -134,6 +134,9 @@ class HeteroStrategy(DDPStrategy):
             ``lr`` on every rank.
         rpc_timeout: async mode: seconds a push or pull to the parameter server may take
             before the rank stops with an error naming it.
+        timeout: how long a collective waits for every rank (``DDPStrategy``'s option). A rank
+            that hangs or dies stops the others after this long; their error names the
+            operation (e.g. the gradient all-reduce in backward) and this option.
         megabatch_size: local mode: samples claimed between two merges (default: ten
             global batches); must be at least ``B``.
         delta: local mode: perturbation factor of the merge weights of the replicas with the
