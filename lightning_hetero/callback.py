@@ -1,17 +1,20 @@
 """HeteroCallback: measures, re-plans at boundaries, logs, checkpoints the controller."""
 
 import math
+import socket
 import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
 from lightning_hetero.planning import RankStats, TimingSmoother, balance_efficiency
+from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
 from lightning_hetero.resources import ResourceMeter
 from lightning_hetero.sampler import GlobalBatchSampler
 
@@ -20,8 +23,37 @@ if TYPE_CHECKING:
 
 __all__ = ["HeteroCallback"]
 
-#: Version of the checkpointed state; bump when its layout changes.
-STATE_VERSION = 1
+#: Version of the checkpointed state; bump when its layout changes and migrate the older
+#: versions in ``_migrate`` (a checkpoint written by one release must load in the next).
+#: 1: plan, controller, history, counters. 2: adds ``ranks`` (host, local rank, batch size
+#: and throughput of each rank at the last boundary).
+STATE_VERSION = 2
+
+
+def _migrate(state: dict[str, Any]) -> dict[str, Any]:
+    """Bring a checkpointed state of any version this release reads to ``STATE_VERSION``.
+
+    Raises:
+        ValueError: the state is not a HeteroCallback state, or a newer release wrote it.
+    """
+    version = state.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(
+            f"This checkpoint's HeteroCallback state has no valid version (found {version!r});"
+            f" lightning_hetero writes an integer from 1 to {STATE_VERSION}. Was it written by"
+            " lightning_hetero?"
+        )
+    if version > STATE_VERSION:
+        raise ValueError(
+            f"This checkpoint's HeteroCallback state has version {version}, written by a newer"
+            f" lightning_hetero; this release reads versions 1 to {STATE_VERSION}. Upgrade"
+            " lightning_hetero to resume from it."
+        )
+    state = dict(state)
+    if version == 1:
+        state["ranks"] = []  # not recorded: a new world size falls back to a uniform plan
+    state["version"] = STATE_VERSION
+    return state
 
 
 class HeteroCallback(Callback):
@@ -37,7 +69,15 @@ class HeteroCallback(Callback):
     ``hetero/batch_size/rank{k}``, ``hetero/compute_time/rank{k}``,
     ``hetero/wait_time/rank{k}``, ``hetero/throughput/rank{k}``,
     ``hetero/memory_used/rank{k}``, ``hetero/balance`` and ``hetero/adjustments``. Its
-    state (plan, rank 0's controller, history) is saved in checkpoints.
+    state (plan, rank 0's controller, history, and each rank's host, local rank and
+    throughput at the last boundary) is saved in checkpoints. A resume with the same world
+    size continues the saved plan and controller; with another world size the plan is made
+    anew, in proportion to the saved throughputs of the ranks that come back on the same
+    host and local rank (see :func:`~lightning_hetero.planning.faults.weights_for_new_world`).
+
+    A rank held at ``min_batch_size`` although its speed asks for less slows every step;
+    the first boundary that finds one warns once (per rank) and suggests removing it
+    (paper 001). ``history`` entries list such ranks under ``held_at_minimum``.
 
     The strategy attaches one automatically; pass your own instance in
     ``Trainer(callbacks=...)`` to change its options.
@@ -55,6 +95,10 @@ class HeteroCallback(Callback):
         self._restored: dict[str, Any] | None = None
         self._hetero: HeteroStrategy | None = None
         self._meter: ResourceMeter | None = None
+        self._identities: list[RankIdentity] = []
+        self._samples_per_s: list[float] = []  # per rank, at the last boundary
+        self._measured_batch_sizes: list[int] = []  # the batches those were measured on
+        self._warned_minimum: set[int] = set()
 
     @property
     @override
@@ -79,21 +123,71 @@ class HeteroCallback(Callback):
         strategy = self._hetero = self._strategy(trainer)
         self._smoother = TimingSmoother(strategy.smoothing)
         self._meter = ResourceMeter(strategy.root_device)
+        self._identities = self._gather_identities(strategy)
         if self._restored is not None:
             state, self._restored = self._restored, None
-            strategy.restore_plan(state["batch_sizes"])
-            if state["controller_class"] == type(strategy.controller).__name__:
-                strategy.controller.load_state_dict(state["controller"])
+            if state["world_size"] == strategy.world_size:
+                strategy.restore_plan(state["batch_sizes"])
+                if state["controller_class"] == type(strategy.controller).__name__:
+                    strategy.controller.load_state_dict(state["controller"])
+                else:
+                    rank_zero_warn(
+                        f"The checkpoint was written with the {state['controller_class']}"
+                        f" controller, this run uses {type(strategy.controller).__name__}: its"
+                        " state starts fresh."
+                    )
             else:
-                rank_zero_warn(
-                    f"The checkpoint was written with the {state['controller_class']} controller,"
-                    f" this run uses {type(strategy.controller).__name__}: its state starts fresh."
-                )
+                self._restore_for_new_world(strategy, state)
             strategy.history[:] = state["history"]
             self._adjustments = state["adjustments"]
             self._batches = state.get("batches", 0)
         if self.tensorboard_layout:
             self._add_tensorboard_layout(trainer)
+
+    @staticmethod
+    def _gather_identities(strategy: "HeteroStrategy") -> list[RankIdentity]:
+        """Every rank's host name and local rank, in global-rank order."""
+        own = (socket.gethostname(), strategy.local_rank)
+        if not torch.distributed.is_initialized() or strategy.world_size == 1:
+            return [RankIdentity(*own)]
+        rows: list[Any] = [None] * strategy.world_size
+        with strategy.guarded("the gather of host names"):
+            torch.distributed.all_gather_object(rows, own)
+        return [RankIdentity(str(host), int(local)) for host, local in rows]
+
+    def _restore_for_new_world(self, strategy: "HeteroStrategy", state: dict[str, Any]) -> None:
+        """Re-plan a checkpoint of another world size from its per-rank throughputs."""
+        saved = state["ranks"]
+        restored = weights_for_new_world(
+            [RankIdentity(r["host"], r["local_rank"]) for r in saved],
+            [r["samples_per_s"] for r in saved],
+            self._identities,
+        )
+        strategy.restore_plan(state["batch_sizes"], weights=restored.weights)
+
+        def where(rank: int) -> str:
+            identity = self._identities[rank]
+            return f"{rank} ({identity.host}:{identity.local_rank})"
+
+        matched = ", ".join(
+            f"{where(new)} <- saved rank {old}" for new, old in restored.matched.items()
+        )
+        if restored.uniform:
+            how = (
+                "no rank could be matched with a saved throughput (by host and local rank), so"
+                " every rank starts with an equal share"
+            )
+        else:
+            how = f"ranks matched by host and local rank: {matched}; the plan follows their saved"
+            how += " throughputs"
+            if restored.fallback:
+                fallback = ", ".join(where(rank) for rank in restored.fallback)
+                how += f", and ranks {fallback} without one get their mean"
+        rank_zero_warn(
+            f"hetero: the checkpoint was written by {state['world_size']} ranks, this run has"
+            f" {strategy.world_size}: {how}. The controller's state ({state['controller_class']})"
+            " starts fresh."
+        )
 
     @override
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -158,6 +252,10 @@ class HeteroCallback(Callback):
         wait_s = [row[2] for row in rows]
         first_undrawn_step = int(max(row[4] for row in rows))
         counts = updates or [None] * len(rows)
+        self._samples_per_s = [
+            b / t if math.isfinite(t) and t > 0 else math.nan for b, t in zip(measured, compute_s)
+        ]
+        self._measured_batch_sizes = measured
         stats = [RankStats(row[5], row[6], row[7], counts[k]) for k, row in enumerate(rows)]
         plan = strategy.batch_sizes
 
@@ -199,12 +297,33 @@ class HeteroCallback(Callback):
                 strategy.apply_plan(new_plan, from_step=first_undrawn_step)
                 self._adjustments += 1
                 entry["changed"] = True
+            entry["held_at_minimum"] = self._check_minimum(strategy)
         entry["next_batch_sizes"] = strategy.batch_sizes
         if strategy.server is not None:  # async mode, rank 0: the server's view of the epoch
             entry.update(strategy.server.take_epoch_stats())
         entry["boundary_s"] = time.perf_counter() - started
         strategy.history.append(entry)
         self._log(trainer, entry)
+
+    def _check_minimum(self, strategy: "HeteroStrategy") -> list[int]:
+        """Ranks the new plan holds at their minimum though slower; warns once per rank."""
+        assert strategy.limits is not None
+        lower = strategy.limits.min_batch_size
+        held = held_at_minimum(strategy.batch_sizes, self._samples_per_s, lower)
+        for rank in held:
+            if rank in self._warned_minimum:
+                continue
+            self._warned_minimum.add(rank)
+            total = strategy.limits.global_batch_size
+            speed, all_speed = self._samples_per_s[rank], sum(self._samples_per_s)
+            rank_zero_warn(
+                f"hetero: rank {rank} is held at min_batch_size={lower[rank]}, but at its measured"
+                f" speed ({speed:.1f} of all ranks' {all_speed:.1f} samples/s) its share of the"
+                f" global batch of {total} would be {total * speed / all_speed:.1f} samples. It"
+                " slows every step whatever the plan: consider removing it from the job"
+                " (paper 001)."
+            )
+        return held
 
     @staticmethod
     def _decide(
@@ -274,16 +393,23 @@ class HeteroCallback(Callback):
             "history": [dict(entry) for entry in strategy.history],
             "adjustments": self._adjustments,
             "batches": self._batches,
+            "ranks": [
+                {
+                    "host": identity.host,
+                    "local_rank": identity.local_rank,
+                    "batch_size": batch_size,
+                    "samples_per_s": speed,
+                }
+                for identity, batch_size, speed in zip(
+                    self._identities,
+                    self._measured_batch_sizes or strategy.batch_sizes,
+                    self._samples_per_s or [math.nan] * strategy.world_size,
+                )
+            ],
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        version = state_dict.get("version")
-        if version != STATE_VERSION:
-            raise ValueError(
-                f"This checkpoint's HeteroCallback state has version {version}; this version of"
-                f" lightning_hetero reads version {STATE_VERSION}. Upgrade lightning_hetero."
-            )
-        self._restored = dict(state_dict)
+        self._restored = _migrate(state_dict)

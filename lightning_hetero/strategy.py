@@ -146,6 +146,9 @@ class HeteroStrategy(DDPStrategy):
             ``lr`` on every rank.
         rpc_timeout: async mode: seconds a push or pull to the parameter server may take
             before the rank stops with an error naming it.
+        timeout: how long a collective waits for every rank (``DDPStrategy``'s option). A rank
+            that hangs or dies stops the others after this long; their error names the
+            operation (e.g. the gradient all-reduce in backward) and this option.
         megabatch_size: local mode: samples claimed between two merges (default: ten
             global batches); must be at least ``B``.
         delta: local mode: perturbation factor of the merge weights of the replicas with the
@@ -338,6 +341,7 @@ class HeteroStrategy(DDPStrategy):
         self._limits: BatchLimits | None = None
         self._capacities: list[float] | None = None
         self._restored_plan: list[int] | None = None
+        self._restored_weights: list[float] | None = None
         self._user_shuffle: bool | None = None
         self.sampler: GlobalBatchSampler | MegaBatchSampler | PartitionBatchSampler | None = None
         #: Dual batch size learning: the plan being run (``None`` for other controllers).
@@ -717,6 +721,9 @@ class HeteroStrategy(DDPStrategy):
             restored = self._restored_plan
             if len(restored) == world_size and sum(restored) == total:
                 return check_plan(restored, world_size, total, lower, upper)
+            weights = self._restored_weights
+            if weights is not None and len(weights) == world_size:
+                return proportional_split(weights, total, lower, upper)  # the callback warned
             rank_zero_warn(
                 f"The checkpoint's plan {restored} does not fit {world_size} ranks and a global"
                 f" batch of {total}; starting again from batch_sizes={initial!r}."
@@ -900,9 +907,16 @@ class HeteroStrategy(DDPStrategy):
             self.sampler.set_plan(plan, from_step)
         self._plan = plan
 
-    def restore_plan(self, batch_sizes: Sequence[int]) -> None:
-        """Start (or continue) from ``batch_sizes``, e.g. a plan saved in a checkpoint."""
+    def restore_plan(
+        self, batch_sizes: Sequence[int], weights: Sequence[float] | None = None
+    ) -> None:
+        """Start (or continue) from ``batch_sizes``, e.g. a plan saved in a checkpoint.
+
+        ``weights``: one split weight per rank of this run, for when ``batch_sizes`` does not
+        fit it (another world size): the initial plan is then proportional to them.
+        """
         self._restored_plan = [int(b) for b in batch_sizes]
+        self._restored_weights = None if weights is None else [float(w) for w in weights]
         self._plan = None
         self.sampler = None
 
@@ -1066,12 +1080,50 @@ class HeteroStrategy(DDPStrategy):
 
     @contextmanager
     def guarded(self, operation: str) -> Iterator[None]:
-        """Run a collective; if it fails, the error says which operation on which rank."""
+        """Run a collective; if it fails, the error says which operation on which rank.
+
+        A timed-out collective's note also names the ``timeout`` option, a closed connection's
+        says that a peer stopped first (once, where guards are nested; each guard names its
+        operation).
+        """
         try:
             yield
         except Exception as err:
-            _add_note(err, f"hetero: {operation} failed on rank {self.global_rank}.")
+            note = f"hetero: {operation} failed on rank {self.global_rank}."
+            text = "" if getattr(err, "_hetero_noted", False) else str(err).lower()
+            if "timed out" in text or "timeout" in text:
+                note += (
+                    f" Some rank did not join it within the collective timeout ({self._timeout},"
+                    " the strategy's `timeout` option): a rank that hangs or dies stops the"
+                    " others after that long. Resume from the last checkpoint with"
+                    " `trainer.fit(..., ckpt_path=...)`."
+                )
+            elif "connection closed" in text or "connection reset" in text:
+                note += (
+                    " A peer rank stopped first (it failed, was killed or timed out): see its log."
+                )
+            _add_note(err, note)
+            err._hetero_noted = True  # type: ignore[attr-defined]
             raise
+
+    @override
+    def backward(
+        self,
+        closure_loss: torch.Tensor,
+        optimizer: torch.optim.Optimizer | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        if self.mode != "bsp":
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+        # DDP waits for the gradient all-reduce inside backward: a hung peer surfaces here.
+        with self.guarded("the gradient all-reduce (in backward)"):
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        with self.guarded(f"the barrier {name!r}" if name else "a barrier"):
+            super().barrier(name)
 
     # ---------------------------------------------------------------- local mode
     def _merge_megabatch(self) -> None:

@@ -1,0 +1,194 @@
+"""HeteroCallback's checkpointed state: versions, a changed world size, ranks held at minimum."""
+
+import math
+import socket
+import warnings
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from torch.utils.data import DataLoader
+
+from lightning_hetero import HeteroCallback, HeteroStrategy
+from lightning_hetero.callback import STATE_VERSION, _migrate
+from lightning_hetero.planning import BatchLimits
+from lightning_hetero.planning.faults import (
+    RankIdentity,
+    held_at_minimum,
+    weights_for_new_world,
+)
+
+A0, A1, B0, C0 = (RankIdentity(h, r) for h, r in (("a", 0), ("a", 1), ("b", 0), ("c", 0)))
+
+
+# ---------------------------------------------------------------- pure planning
+def test_matched_ranks_weigh_their_saved_throughput_whatever_their_new_rank():
+    restored = weights_for_new_world([A0, A1, B0], [100.0, 300.0, 50.0], [B0, A1])
+    assert restored.weights == [50.0, 300.0]
+    assert restored.matched == {0: 2, 1: 1}
+    assert restored.fallback == [] and not restored.uniform
+
+
+def test_unmatched_ranks_weigh_the_mean_of_the_matched_ones():
+    restored = weights_for_new_world([A0, A1], [100.0, 300.0], [A0, C0, A1])
+    assert restored.weights == [100.0, 200.0, 300.0]
+    assert restored.fallback == [1]
+
+
+def test_without_any_match_every_rank_weighs_the_same():
+    restored = weights_for_new_world([A0, A1], [100.0, 300.0], [B0, C0])
+    assert restored.weights == [1.0, 1.0]
+    assert restored.uniform and restored.matched == {} and restored.fallback == [0, 1]
+
+
+def test_a_matched_rank_without_a_usable_throughput_falls_back_to_the_mean():
+    restored = weights_for_new_world([A0, A1, B0], [math.nan, 300.0, 100.0], [A0, A1, B0])
+    assert restored.weights == [200.0, 300.0, 100.0]
+    assert restored.matched == {0: 0, 1: 1, 2: 2} and restored.fallback == [0]
+
+
+def test_saved_ranks_and_throughputs_of_different_lengths_are_refused():
+    with pytest.raises(ValueError, match="2 saved ranks but 1 saved throughputs"):
+        weights_for_new_world([A0, A1], [1.0], [A0])
+
+
+def test_a_slow_rank_at_its_minimum_is_reported_and_a_rank_that_fits_is_not():
+    # B = 128; rank 3's share at 1/31 of the speed would be about 4 samples, below 16
+    assert held_at_minimum([37, 37, 38, 16], [370.0, 370.0, 380.0, 12.0], [16] * 4) == [3]
+    # at its minimum, but its share (about 19) is above it: the plan is not holding it up
+    assert held_at_minimum([37, 37, 38, 16], [370.0, 370.0, 380.0, 200.0], [16] * 4) == []
+    # slow but above its minimum: not held
+    assert held_at_minimum([36, 36, 36, 20], [360.0, 360.0, 360.0, 12.0], [16] * 4) == []
+
+
+def test_held_at_minimum_needs_every_throughput_and_one_entry_per_rank():
+    assert held_at_minimum([16, 48], [math.nan, 100.0], [16, 16]) == []
+    with pytest.raises(ValueError, match="2 batch sizes, 1 throughputs and 2 minimums"):
+        held_at_minimum([16, 48], [1.0], [16, 16])
+
+
+def test_the_held_rank_is_warned_about_once():
+    callback = HeteroCallback()
+    callback._samples_per_s = [370.0, 370.0, 380.0, 12.0]
+    strategy = SimpleNamespace(
+        batch_sizes=[37, 37, 38, 16], limits=BatchLimits.build(4, 128, min_batch_size=16)
+    )
+    with pytest.warns(UserWarning, match=r"rank 3 is held at min_batch_size=16.*removing it"):
+        assert callback._check_minimum(strategy) == [3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert callback._check_minimum(strategy) == [3]  # still held, not warned again
+
+
+# ---------------------------------------------------------------- versions
+def _state(version, **extra):
+    return {
+        "version": version,
+        "batch_sizes": [8, 24],
+        "world_size": 2,
+        "controller_class": "ProportionalController",
+        "controller": {},
+        "history": [],
+        "adjustments": 1,
+        "batches": 4,
+        **extra,
+    }
+
+
+def test_a_version_1_state_is_migrated_without_rank_records():
+    migrated = _migrate(_state(1))
+    assert migrated["version"] == STATE_VERSION == 2
+    assert migrated["ranks"] == []
+    assert migrated["batch_sizes"] == [8, 24]
+
+
+def test_a_state_of_this_version_loads_unchanged():
+    ranks = [{"host": "a", "local_rank": 0, "batch_size": 8, "samples_per_s": 1.0}]
+    assert _migrate(_state(STATE_VERSION, ranks=ranks)) == _state(STATE_VERSION, ranks=ranks)
+
+
+def test_a_newer_state_is_refused_with_both_versions_named():
+    callback = HeteroCallback()
+    message = r"version 3, written by a newer.*versions 1 to 2.*Upgrade"
+    with pytest.raises(ValueError, match=message):
+        callback.load_state_dict(_state(3))
+
+
+@pytest.mark.parametrize("version", [None, 0, "2", True])
+def test_a_state_without_a_valid_version_is_refused(version):
+    with pytest.raises(ValueError, match="no valid version"):
+        _migrate(_state(version))
+
+
+# ---------------------------------------------------------------- resume in one process
+class _Model(BoringModel):
+    def train_dataloader(self):
+        return DataLoader(RandomDataset(32, 32), batch_size=8)
+
+
+def _trainer(tmp_path, epochs, **strategy_kwargs):
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=HeteroStrategy(**strategy_kwargs),
+        max_epochs=epochs,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt")
+    _trainer(path, 1).fit(_Model())
+    return torch.load(path / "last.ckpt", weights_only=False)
+
+
+def test_checkpoint_records_each_rank_s_host_local_rank_and_throughput(checkpoint):
+    state = checkpoint["callbacks"]["HeteroCallback"]
+    assert state["version"] == STATE_VERSION
+    (rank,) = state["ranks"]
+    assert rank["host"] == socket.gethostname() and rank["local_rank"] == 0
+    assert rank["batch_size"] == 8 and rank["samples_per_s"] > 0
+
+
+def _resume(tmp_path, checkpoint, state):
+    checkpoint = {**checkpoint, "callbacks": {**checkpoint["callbacks"], "HeteroCallback": state}}
+    path = tmp_path / "edited.ckpt"
+    torch.save(checkpoint, path)
+    trainer = _trainer(tmp_path / "out", 2)
+    trainer.fit(_Model(), ckpt_path=path)
+    return trainer
+
+
+def test_a_resume_on_another_world_size_names_the_matched_ranks(tmp_path, checkpoint):
+    state = dict(checkpoint["callbacks"]["HeteroCallback"])
+    host = socket.gethostname()
+    state.update(
+        world_size=2,
+        batch_sizes=[2, 6],
+        ranks=[
+            {"host": host, "local_rank": 5, "batch_size": 2, "samples_per_s": 10.0},
+            {"host": host, "local_rank": 0, "batch_size": 6, "samples_per_s": 30.0},
+        ],
+    )
+    with pytest.warns(UserWarning, match=r"written by 2 ranks, this run has 1: ranks matched") as w:
+        trainer = _resume(tmp_path, checkpoint, state)
+    assert any(f"0 ({host}:0) <- saved rank 1" in str(r.message) for r in w)
+    assert trainer.strategy.batch_sizes == [8]
+    assert len(trainer.strategy.history) == 2  # the saved boundary and this run's
+
+
+def test_a_version_1_checkpoint_on_another_world_size_starts_uniform(tmp_path, checkpoint):
+    state = dict(checkpoint["callbacks"]["HeteroCallback"])
+    del state["ranks"]
+    state.update(version=1, world_size=3, batch_sizes=[2, 2, 4])
+    with pytest.warns(UserWarning, match="no rank could be matched"):
+        trainer = _resume(tmp_path, checkpoint, state)
+    assert trainer.strategy.batch_sizes == [8]
