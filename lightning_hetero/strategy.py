@@ -749,7 +749,7 @@ class HeteroStrategy(DDPStrategy):
         total = self._scaled_global
         if total is None:
             total = max(round(self._base_global / self._input_scale), 1)
-            if upper is not None:  # a derived batch never exceeds what fits
+            if upper is not None and self._input_scale != 1:  # a derived batch fits
                 total = min(total, sum(expand_bound(upper, world_size, total)))
         try:
             return BatchLimits.build(world_size, total, self._min_batch_size, upper)
