@@ -5,6 +5,13 @@ tested in milliseconds against the :class:`ClusterSimulator`.
 """
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.dual import (
+    DualBatchController,
+    DualBatchError,
+    DualBatchPlan,
+    TimeModel,
+    plan_dual_batch,
+)
 from lightning_hetero.planning.lbbsp import LBBSPController
 from lightning_hetero.planning.memory import MemoryModel, probe_sizes
 from lightning_hetero.planning.merge import (
@@ -47,6 +54,9 @@ __all__ = [
     "BatchLimits",
     "ClusterSimulator",
     "Controller",
+    "DualBatchController",
+    "DualBatchError",
+    "DualBatchPlan",
     "EMAPredictor",
     "LBBSPController",
     "LastPredictor",
@@ -61,6 +71,7 @@ __all__ = [
     "SpeedPredictor",
     "StaticController",
     "StepwiseController",
+    "TimeModel",
     "TimingSmoother",
     "UpdatesController",
     "balance_efficiency",
@@ -70,6 +81,7 @@ __all__ = [
     "make_controller",
     "merge_weights",
     "momentum_merge",
+    "plan_dual_batch",
     "probe_sizes",
     "proportional_split",
 ]

@@ -15,7 +15,7 @@ from math import floor, isfinite
 
 from lightning_hetero.planning.split import PlanError
 
-__all__ = ["MemoryModel", "probe_sizes"]
+__all__ = ["MemoryModel", "least_squares_line", "probe_sizes"]
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,7 @@ class MemoryModel:
                 "Fitting memory against batch size needs at least two distinct batch sizes,"
                 f" got {sorted({b for b, _ in pairs})}."
             )
-        mean_b = sum(b for b, _ in pairs) / len(pairs)
-        mean_m = sum(m for _, m in pairs) / len(pairs)
-        spread = sum((b - mean_b) ** 2 for b, _ in pairs)
-        slope = sum((b - mean_b) * (m - mean_m) for b, m in pairs) / spread
-        intercept = mean_m - slope * mean_b
+        intercept, slope = least_squares_line(pairs)
         worst_residual = max(abs(m - (intercept + slope * b)) for b, m in pairs)
         # Relative to the largest measurement, so a step that measured 0 bytes at a
         # small size (host RSS that did not grow) cannot divide by zero.
@@ -141,6 +137,22 @@ class MemoryModel:
             largest -= 1
         largest = max(largest, 1)
         return largest if cap is None else min(largest, cap)
+
+
+def least_squares_line(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Intercept and slope of the least-squares line through ``(x, y)`` pairs.
+
+    Needs at least two distinct ``x``.
+
+    Example:
+        >>> least_squares_line([(1, 3.0), (2, 5.0), (3, 7.0)])
+        (1.0, 2.0)
+    """
+    mean_x = sum(x for x, _ in pairs) / len(pairs)
+    mean_y = sum(y for _, y in pairs) / len(pairs)
+    spread = sum((x - mean_x) ** 2 for x, _ in pairs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in pairs) / spread
+    return mean_y - slope * mean_x, slope
 
 
 def probe_sizes(largest: int, count: int = 4, ratio: float = 2.0) -> list[int]:

@@ -4,6 +4,7 @@ import inspect
 from typing import Any
 
 from lightning_hetero.planning.base import Controller
+from lightning_hetero.planning.dual import DualBatchController
 from lightning_hetero.planning.lbbsp import LBBSPController
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.static import StaticController
@@ -19,6 +20,7 @@ CONTROLLERS: dict[str, type[Controller]] = {
     StepwiseController.name: StepwiseController,
     UpdatesController.name: UpdatesController,
     LBBSPController.name: LBBSPController,
+    DualBatchController.name: DualBatchController,
 }
 
 

@@ -1,0 +1,401 @@
+"""Dual batch size learning (paper 003): plan a large and a small batch for equal epoch times.
+
+Most workers train with a large batch ``B_L`` and ``n_S`` workers with a small batch
+``B_S``; small batches generalize better but process fewer samples per second. The plan
+gives each worker a share of the epoch's data such that every worker needs the same time,
+``k`` times an epoch in which every worker uses ``B_L``:
+
+- time per batch is linear, ``t(x) = a*x + b``, so one epoch of ``s`` samples at batch
+  ``x`` takes ``(a + b/x) * s`` seconds;
+- large-batch workers take ``d_L = k*d/n`` samples; the small-batch workers share the rest,
+  ``d_S = (d - n_L*d_L) / n_S``;
+- ``B_S`` makes ``(a + b/B_S) * d_S`` equal ``(a + b/B_L) * d_L`` (the paper's Eq. 8):
+  ``B_S = b / ((a + b/B_L) * d_L/d_S - a)``;
+- on the parameter server each small-batch worker's update is scaled by the model-update
+  factor ``d_S/d_L`` (or its square root), in whole samples.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.memory import least_squares_line
+from lightning_hetero.planning.split import PlanError
+
+__all__ = [
+    "DualBatchController",
+    "DualBatchError",
+    "DualBatchPlan",
+    "TimeModel",
+    "plan_dual_batch",
+]
+
+_FACTOR_RULES = ("ratio", "sqrt", "none")
+
+
+class DualBatchError(PlanError):
+    """Inputs for which no dual batch plan exists; the message says which bound failed."""
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """Time of one training step as a linear function of the batch size: ``a*x + b``.
+
+    Args:
+        a: seconds per sample.
+        b: seconds per step that do not depend on the batch size.
+        relative_error: the largest ``|predicted - measured| / measured`` over the samples
+            of the fit (0 when built by hand).
+        samples: the ``(batch_size, seconds)`` pairs of the fit.
+
+    Example:
+        >>> model = TimeModel.fit([(10, 0.2), (20, 0.3), (40, 0.5)])
+        >>> round(model.a, 6), round(model.b, 6), model.relative_error < 1e-9
+        (0.01, 0.1, True)
+        >>> round(model.epoch_time(batch_size=20, samples=1000), 6)
+        15.0
+    """
+
+    a: float
+    b: float
+    relative_error: float = 0.0
+    samples: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.a) and math.isfinite(self.b)):
+            raise ValueError(f"Time model coefficients must be finite, got a={self.a}, b={self.b}.")
+        if self.a < 0 or self.b < 0 or self.a + self.b == 0:
+            raise ValueError(
+                f"A time model needs a >= 0 and b >= 0, not both 0; got a={self.a}, b={self.b}."
+            )
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[int, float]]) -> "TimeModel":
+        """Least-squares line through timed ``(batch_size, seconds)`` pairs.
+
+        A negative intercept or slope (noise around a flat or proportional curve) is set to
+        0; the reported error is that of the clipped line.
+
+        Raises:
+            PlanError: fewer than two distinct batch sizes, a size below 1, or a time that is
+                not finite and positive.
+        """
+        pairs = tuple((int(x), float(t)) for x, t in samples)
+        if any(x < 1 for x, _ in pairs):
+            raise PlanError(f"Batch sizes must be >= 1, got {[x for x, _ in pairs]}.")
+        if not all(math.isfinite(t) and t > 0 for _, t in pairs):
+            raise PlanError(f"Step times must be finite and > 0, got {[t for _, t in pairs]}.")
+        if len({x for x, _ in pairs}) < 2:
+            raise PlanError(
+                "Fitting step time against batch size needs at least two distinct batch sizes,"
+                f" got {sorted({x for x, _ in pairs})}."
+            )
+        intercept, slope = least_squares_line(pairs)
+        if slope <= 0:  # time does not grow with the batch: all of it is per-step cost
+            slope, intercept = 0.0, sum(t for _, t in pairs) / len(pairs)
+        intercept = max(intercept, 0.0)
+        error = max(abs(slope * x + intercept - t) / t for x, t in pairs)
+        return cls(slope, intercept, error, pairs)
+
+    def predict(self, batch_size: float) -> float:
+        """Seconds of one step at ``batch_size``."""
+        return self.a * batch_size + self.b
+
+    def epoch_time(self, batch_size: float, samples: float) -> float:
+        """Seconds to train ``samples`` samples in batches of ``batch_size`` (Eq. 3)."""
+        return (self.a + self.b / batch_size) * samples
+
+    def scaled(self, per_sample: float) -> "TimeModel":
+        """The model for inputs ``per_sample`` times as large: ``a`` scales, ``b`` stays."""
+        if not (math.isfinite(per_sample) and per_sample > 0):
+            raise ValueError(f"`per_sample` must be finite and > 0, got {per_sample}.")
+        return replace(self, a=self.a * per_sample)
+
+
+@dataclass(frozen=True)
+class DualBatchPlan:
+    """A dual batch plan; ranks ``0..n_L-1`` use ``B_L``, the last ``n_S`` ranks ``B_S``.
+
+    ``large_samples`` and ``small_samples`` are the exact ``d_L`` and ``d_S``;
+    :attr:`samples` rounds them to integers that sum to the dataset size.
+    """
+
+    time_model: TimeModel
+    dataset_size: int
+    world_size: int
+    small_workers: int
+    extra_time_ratio: float
+    large_batch_size: int
+    small_batch_size: int | None
+    large_samples: float
+    small_samples: float
+    update_factor: float
+    factor_rule: str
+
+    @property
+    def large_workers(self) -> int:
+        return self.world_size - self.small_workers
+
+    def _per_rank(self, large: Any, small: Any) -> list[Any]:
+        return [large] * self.large_workers + [small] * self.small_workers
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Batch size of each rank."""
+        return self._per_rank(self.large_batch_size, self.small_batch_size)
+
+    @property
+    def samples(self) -> list[int]:
+        """Samples each rank trains on per epoch; they sum to the dataset size exactly.
+
+        Floors first, then one more sample for the ranks with the largest remainders
+        (the lower rank first on ties), so every rank computes the same split.
+        """
+        exact = self._per_rank(self.large_samples, self.small_samples)
+        counts = [math.floor(s) for s in exact]
+        left = self.dataset_size - sum(counts)
+        order = sorted(range(len(exact)), key=lambda k: (-(exact[k] - counts[k]), k))
+        for rank in order[:left]:
+            counts[rank] += 1
+        return counts
+
+    @property
+    def update_factors(self) -> list[float]:
+        """The model-update factor of each rank (1 for the large-batch ranks)."""
+        return self._per_rank(1.0, self.update_factor)
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps per epoch of each rank (its last batch may be short)."""
+        return [math.ceil(s / b) for s, b in zip(self.samples, self.batch_sizes)]
+
+    @property
+    def predicted_epoch_times(self) -> list[float]:
+        """Each rank's epoch time by the time model (Eq. 3)."""
+        model = self.time_model
+        return [model.epoch_time(b, s) for b, s in zip(self.batch_sizes, self.samples)]
+
+    def rescaled(self, large_batch_size: int, time_model: TimeModel) -> "DualBatchPlan":
+        """The same data split with another ``B_L`` and time model (``B_S`` planned again).
+
+        The hybrid scheme uses one per input resolution.
+        """
+        return plan_dual_batch(
+            time_model,
+            self.dataset_size,
+            self.world_size,
+            self.small_workers,
+            large_batch_size,
+            self.extra_time_ratio,
+            self.factor_rule,
+        )
+
+    def table(self) -> str:
+        """The plan as a fixed-width table, one row per rank, and the time model."""
+        header = ("rank", "batch", "samples/epoch", "steps", "update factor", "predicted s")
+        rows = [header]
+        for rank, (b, s, n, f, t) in enumerate(
+            zip(
+                self.batch_sizes,
+                self.samples,
+                self.steps,
+                self.update_factors,
+                self.predicted_epoch_times,
+            )
+        ):
+            role = "large" if rank < self.large_workers else "small"
+            rows.append((f"{rank} ({role})", str(b), str(s), str(n), f"{f:.3f}", f"{t:.3g}"))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+        model = self.time_model
+        lines.append(
+            f"k = {self.extra_time_ratio:g}, d_L = {self.large_samples:.1f},"
+            f" d_S = {self.small_samples:.1f}; time per step = {model.a:.3g} s * batch"
+            f" + {model.b:.3g} s (fit error {model.relative_error:.1%})"
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _round_down(value: float) -> float:
+    """``value`` cut to 6 decimals, so that a suggested largest ``k`` is itself feasible."""
+    return math.floor(value * 1e6) / 1e6
+
+
+def _check_count(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise DualBatchError(f"`{name}` must be an integer >= {low}, got {value!r}.")
+    return value
+
+
+def plan_dual_batch(
+    time_model: TimeModel,
+    dataset_size: int,
+    world_size: int,
+    small_workers: int,
+    large_batch_size: int,
+    extra_time_ratio: float,
+    update_factor: str = "ratio",
+) -> DualBatchPlan:
+    """Plan dual batch size learning (paper 003, Eqs. 4-8).
+
+    Args:
+        time_model: per-step time against batch size, e.g. :meth:`TimeModel.fit`.
+        dataset_size: ``d``, training samples per epoch.
+        world_size: ``n``, workers.
+        small_workers: ``n_S`` in ``[0, n]``; ``0`` plans the all-``B_L`` baseline
+            (``d/n`` samples each, ``k`` unused).
+        large_batch_size: ``B_L``.
+        extra_time_ratio: ``k > 1``.
+        update_factor: the small workers' model-update factor: ``"ratio"`` (``d_S/d_L``),
+            ``"sqrt"`` (its square root) or ``"none"`` (1).
+
+    Raises:
+        DualBatchError: infeasible inputs; the message names the bound that failed and
+            the largest ``k`` or smallest ``B_L`` that would work.
+
+    Example:
+        >>> plan = plan_dual_batch(TimeModel(a=1.0, b=24.66), 50000, 4, 1, 500, 1.1)
+        >>> plan.batch_sizes, plan.samples, round(plan.update_factor, 3)
+        ([500, 500, 500, 38], [13750, 13750, 13750, 8750], 0.636)
+    """
+    d = _check_count("dataset_size", dataset_size, 1)
+    n = _check_count("world_size", world_size, 1)
+    large = _check_count("large_batch_size", large_batch_size, 2)
+    if isinstance(small_workers, bool) or not isinstance(small_workers, int):
+        raise DualBatchError(f"`small_workers` must be an integer, got {small_workers!r}.")
+    if not 0 <= small_workers <= n:
+        raise DualBatchError(
+            f"`small_workers` must be in [0, {n}] (the number of workers), got {small_workers}."
+        )
+    k = float(extra_time_ratio)
+    if not (math.isfinite(k) and k > 1):
+        raise DualBatchError(
+            f"The extra-time ratio k must be > 1 (k = 1 is the all-B_L baseline), got {k}."
+        )
+    if update_factor not in _FACTOR_RULES:
+        raise DualBatchError(
+            f"Unknown update_factor {update_factor!r}; expected one of {list(_FACTOR_RULES)}."
+        )
+    if d < n:
+        raise DualBatchError(f"{n} workers need at least {n} samples, got {d}.")
+    n_small, n_large = small_workers, n - small_workers
+    a, b = time_model.a, time_model.b
+    if n_small == 0:
+        return DualBatchPlan(time_model, d, n, 0, k, large, None, d / n, 0.0, 1.0, update_factor)
+    d_large = round(k * d / n, 9)  # no float noise in the floors of the sample counts
+    d_small = round((d - n_large * d_large) / n_small, 9)
+    if d_small < 1:
+        k_max = _round_down((d - n_small) * n / (n_large * d))
+        raise DualBatchError(
+            f"With k = {k:g}, the {n_large} large-batch workers take {n_large * d_large:.0f}"
+            f" of the {d} samples, leaving d_S = {d_small:.1f} (< 1) for each small-batch"
+            f" worker. The largest k that leaves each at least one sample is {k_max}."
+        )
+    ratio = d_large / d_small
+    raw = b / ((a + b / large) * ratio - a) if b > 0 else 0.0
+    small = math.floor(raw + 0.5)
+    if small < 1:
+        # B_S >= 1 needs raw >= 1/2, i.e. ratio <= r_max; ratio grows with k.
+        r_max = (2 * b + a) / (a + b / large)
+        hints = []
+        if b > 0 and r_max > 1:
+            k_max = _round_down(r_max * n / (n_small + r_max * n_large))
+            hints.append(f"the largest k that gives B_S >= 1 is {k_max}")
+        room = (2 * b + a) / ratio - a
+        if b > 0 and room > 0:
+            hints.append(f"the smallest B_L that does at k = {k:g} is {math.ceil(b / room)}")
+        raise DualBatchError(
+            f"No positive small batch: Eq. 8 gives B_S = {raw:.3g} for k = {k:g}, B_L = {large},"
+            f" a = {a:.3g} s/sample, b = {b:.3g} s/step"
+            + (
+                f"; {' and '.join(hints)}."
+                if hints
+                else "; the per-step time b is too small"
+                " for any k: a small batch costs no more per sample than the large one."
+            )
+        )
+    small = min(small, large - 1)
+    share = math.floor(d_small) / math.floor(d_large)  # in whole samples, as the paper
+    factor = {"ratio": share, "sqrt": math.sqrt(share), "none": 1.0}[update_factor]
+    return DualBatchPlan(
+        time_model, d, n, n_small, k, large, small, d_large, d_small, factor, update_factor
+    )
+
+
+class DualBatchController(Controller):
+    """Dual batch size learning (paper 003) for ``HeteroStrategy(mode="async")``.
+
+    The strategy times probe batches, plans with :func:`plan_dual_batch` and runs the plan;
+    the plan then stays fixed while training (:meth:`update` keeps it).
+
+    Args:
+        extra_time_ratio: ``k > 1``, the epoch time allowed relative to every worker
+            using ``B_L``.
+        small_workers: ``n_S``, workers with the small batch (the last ranks); ``None``:
+            half of them, rounded down, at least one.
+        large_batch_size: ``B_L``; ``None``: the strategy's smallest per-rank maximum
+            (``max_batch_size``, measured with ``"auto"``), else the loader's batch size.
+        update_factor: ``"ratio"`` (``d_S/d_L``, the paper's choice), ``"sqrt"`` or
+            ``"none"``.
+        deadband: ignored (accepted so the name works like the other controllers').
+    """
+
+    name = "dual"
+
+    def __init__(
+        self,
+        extra_time_ratio: float = 1.05,
+        small_workers: int | None = None,
+        large_batch_size: int | None = None,
+        update_factor: Literal["ratio", "sqrt", "none"] = "ratio",
+        deadband: float = 0.05,
+    ) -> None:
+        if not (math.isfinite(extra_time_ratio) and extra_time_ratio > 1):
+            raise ValueError(f"`extra_time_ratio` must be > 1, got {extra_time_ratio}.")
+        if small_workers is not None and (
+            isinstance(small_workers, bool)
+            or not isinstance(small_workers, int)
+            or small_workers < 0
+        ):
+            raise ValueError(f"`small_workers` must be an integer >= 0, got {small_workers!r}.")
+        if large_batch_size is not None and (
+            isinstance(large_batch_size, bool)
+            or not isinstance(large_batch_size, int)
+            or large_batch_size < 2
+        ):
+            raise ValueError(
+                f"`large_batch_size` must be an integer >= 2, got {large_batch_size!r}."
+            )
+        if update_factor not in _FACTOR_RULES:
+            raise ValueError(
+                f"Unknown update_factor {update_factor!r}; expected one of {list(_FACTOR_RULES)}."
+            )
+        self.extra_time_ratio = float(extra_time_ratio)
+        self.small_workers = small_workers
+        self.large_batch_size = large_batch_size
+        self.update_factor = update_factor
+
+    def resolve_small_workers(self, world_size: int) -> int:
+        """``small_workers`` for ``world_size`` workers (default: half, at least one)."""
+        small = self.small_workers
+        if small is None:
+            small = max(world_size // 2, 1) if world_size > 1 else 0
+        if small > world_size:
+            raise DualBatchError(
+                f"`small_workers` is {small} but there are only {world_size} workers."
+            )
+        return small
+
+    def update(
+        self,
+        batch_sizes: Sequence[int],
+        compute_s: Sequence[float],
+        limits: BatchLimits,
+        stats: Sequence[RankStats] | None = None,
+    ) -> list[int]:
+        return list(batch_sizes)

@@ -1,0 +1,216 @@
+"""The dual batch size planner (paper 003), checked against the paper's worked numbers."""
+
+import math
+import random
+
+import pytest
+
+from lightning_hetero.planning import (
+    CONTROLLERS,
+    BatchLimits,
+    DualBatchController,
+    DualBatchError,
+    PlanError,
+    TimeModel,
+    make_controller,
+    plan_dual_batch,
+)
+
+# Paper 003 does not print its fitted a and b, only Table III's B_S. Every b/a in
+# [24.615, 24.698] samples reproduces all eight B_S values (rounded to the nearest
+# integer); a scan over b/a found that interval. 24.66 is inside it.
+B_OVER_A = 24.66
+PAPER = TimeModel(a=1.0, b=B_OVER_A)
+
+# Table III: (k, n_S) -> (B_S, floor(d_S), d_S / d_L); d = 50000, n = 4, B_L = 500.
+TABLE_III = {
+    (1.05, 1): (83, 10625, 0.810),
+    (1.05, 2): (154, 11875, 0.905),
+    (1.05, 3): (205, 12291, 0.936),
+    (1.05, 4): (242, 12500, None),
+    (1.1, 1): (38, 8750, 0.636),
+    (1.1, 2): (87, 11250, 0.818),
+    (1.1, 3): (127, 12083, 0.879),
+    (1.1, 4): (160, 12500, None),
+}
+# Table II (k = 1.1): the square-root factors.
+TABLE_II_SQRT = {1: 0.797, 2: 0.904, 3: 0.938}
+
+
+@pytest.mark.parametrize(("k", "n_small"), list(TABLE_III))
+def test_table_iii_is_reproduced(k, n_small):
+    small_batch, d_small, factor = TABLE_III[(k, n_small)]
+    plan = plan_dual_batch(PAPER, 50000, 4, n_small, 500, k)
+    assert plan.large_samples == {1.05: 13125, 1.1: 13750}[k]  # d_L = k d / n
+    assert math.floor(plan.small_samples) == d_small
+    assert plan.small_batch_size == small_batch
+    if factor is not None:  # (4, 0) has no large-batch worker to compare with
+        assert round(plan.update_factor, 3) == factor
+    assert plan.batch_sizes == [500] * (4 - n_small) + [small_batch] * n_small
+    assert sum(plan.samples) == 50000
+
+
+@pytest.mark.parametrize("n_small", [1, 2, 3])
+def test_table_ii_square_root_factors(n_small):
+    plan = plan_dual_batch(PAPER, 50000, 4, n_small, 500, 1.1, update_factor="sqrt")
+    # the paper took the root of the 3-decimal ratio; ours is of the exact one
+    assert plan.update_factor == pytest.approx(TABLE_II_SQRT[n_small], abs=1e-3)
+    assert plan.update_factors == [1.0] * (4 - n_small) + [plan.update_factor] * n_small
+
+
+def test_equation_8_gives_equal_epoch_times():
+    plan = plan_dual_batch(PAPER, 50000, 4, 2, 500, 1.1)
+    model = plan.time_model
+    large = model.epoch_time(500, plan.large_samples)
+    raw_small = model.b / ((model.a + model.b / 500) * plan.large_samples / plan.small_samples - 1)
+    assert model.epoch_time(raw_small, plan.small_samples) == pytest.approx(large)
+    # and k times the all-B_L epoch
+    assert large == pytest.approx(1.1 * model.epoch_time(500, 50000 / 4))
+    # rounding B_S to an integer moves the small workers' time by well under 1%
+    times = plan.predicted_epoch_times
+    assert max(times) / min(times) < 1.01
+
+
+def test_no_small_workers_is_the_uniform_large_baseline():
+    plan = plan_dual_batch(PAPER, 50000, 4, 0, 500, 1.05)
+    assert plan.batch_sizes == [500] * 4 and plan.samples == [12500] * 4
+    assert plan.update_factors == [1.0] * 4 and plan.small_batch_size is None
+
+
+def test_update_factor_none_and_the_table():
+    plan = plan_dual_batch(PAPER, 50000, 4, 1, 500, 1.1, update_factor="none")
+    assert plan.update_factors == [1.0] * 4
+    text = str(plan)
+    assert text == plan.table()
+    for needle in ("3 (small)", "38", "8750", "13750", "28", "231", "fit error"):
+        assert needle in text
+    assert plan.steps == [28, 28, 28, 231]  # ceil(13750 / 500), ceil(8750 / 38)
+
+
+def test_rescaled_keeps_the_data_split_and_replans_the_small_batch():
+    plan = plan_dual_batch(PAPER, 50000, 4, 2, 500, 1.05)
+    low = plan.rescaled(560, PAPER.scaled(0.5625))  # 24x24 of 32x32 pixels
+    assert low.samples == plan.samples and low.update_factor == plan.update_factor
+    assert low.large_batch_size == 560
+    assert low.small_batch_size != plan.small_batch_size
+    times = low.predicted_epoch_times
+    assert max(times) / min(times) < 1.01
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_samples_always_sum_to_the_dataset_and_steps_cover_them(seed):
+    rng = random.Random(seed)
+    n = rng.randint(2, 9)
+    d = rng.randint(n * 50, 100000)
+    n_small = rng.randint(1, n)
+    model = TimeModel(a=rng.uniform(1e-4, 1e-2), b=rng.uniform(1e-3, 0.5))
+    try:
+        plan = plan_dual_batch(model, d, n, n_small, rng.randint(8, 512), rng.uniform(1.01, 1.2))
+    except DualBatchError:
+        return  # infeasible draws are covered below
+    assert sum(plan.samples) == d and all(s >= 1 for s in plan.samples)
+    assert all(b >= 1 for b in plan.batch_sizes)
+    assert all(s <= n * b for s, n, b in zip(plan.samples, plan.steps, plan.batch_sizes))
+    assert plan_dual_batch(model, d, n, n_small, plan.large_batch_size, plan.extra_time_ratio) == (
+        plan
+    )
+
+
+def test_too_large_k_leaves_nothing_for_the_small_workers_and_says_the_largest_k():
+    with pytest.raises(DualBatchError, match=r"d_S = .*largest k .* is 1\.333306") as info:
+        plan_dual_batch(PAPER, 50000, 4, 1, 500, 1.34)
+    k_max = float(str(info.value).split("is ")[-1].rstrip("."))
+    # at the suggested k the d_S bound holds (a B_S that rounds to 0 is the next bound)
+    with pytest.raises(DualBatchError, match="No positive small batch"):
+        plan_dual_batch(PAPER, 50000, 4, 1, 500, k_max)
+    with pytest.raises(DualBatchError, match=r"d_S = 0\.9"):
+        plan_dual_batch(PAPER, 50000, 4, 1, 500, k_max + 2e-6)
+
+
+def test_no_positive_small_batch_says_the_largest_k_and_smallest_large_batch():
+    model = TimeModel(a=1.0, b=0.3)  # almost no per-step cost: B_S rounds to 0
+    with pytest.raises(DualBatchError, match="No positive small batch") as info:
+        plan_dual_batch(model, 50000, 4, 2, 500, 1.3)
+    message = str(info.value)
+    k_max = float(message.split("largest k that gives B_S >= 1 is ")[1].split(" ")[0].rstrip("."))
+    assert plan_dual_batch(model, 50000, 4, 2, 500, k_max).small_batch_size >= 1
+    with pytest.raises(DualBatchError):
+        plan_dual_batch(model, 50000, 4, 2, 500, k_max * 1.01)
+    model = TimeModel(a=1.0, b=0.5)  # B_S = 0.38 at B_L = 2, but 0.58 as B_L grows
+    with pytest.raises(DualBatchError, match="smallest B_L") as info:
+        plan_dual_batch(model, 50000, 4, 2, 2, 1.3)
+    b_min = int(str(info.value).split("at k = 1.3 is ")[1].rstrip("."))
+    assert plan_dual_batch(model, 50000, 4, 2, b_min, 1.3).small_batch_size >= 1
+    with pytest.raises(DualBatchError):
+        plan_dual_batch(model, 50000, 4, 2, b_min - 1, 1.3)
+
+
+def test_a_pure_per_sample_cost_has_no_small_batch_for_any_k():
+    with pytest.raises(DualBatchError, match="too small for any k"):
+        plan_dual_batch(TimeModel(a=1.0, b=0.0), 50000, 4, 2, 500, 1.05)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((50000, 4, 2, 500, 1.0), "k must be > 1"),
+        ((50000, 4, 2, 500, float("nan")), "k must be > 1"),
+        ((50000, 4, 5, 500, 1.05), r"in \[0, 4\]"),
+        ((50000, 4, -1, 500, 1.05), r"in \[0, 4\]"),
+        ((50000, 4, 2, 1, 1.05), "large_batch_size"),
+        ((3, 4, 2, 500, 1.05), "at least 4 samples"),
+        ((50000, 0, 0, 500, 1.05), "world_size"),
+    ],
+)
+def test_bad_inputs_are_refused_with_the_bound_that_failed(args, message):
+    with pytest.raises(DualBatchError, match=message):
+        plan_dual_batch(PAPER, *args)
+    with pytest.raises(DualBatchError, match="update_factor"):
+        plan_dual_batch(PAPER, 50000, 4, 2, 500, 1.05, update_factor="half")
+
+
+def test_time_model_fit_recovers_a_noisy_line_and_reports_its_error():
+    rng = random.Random(0)
+    a, b = 0.002, 0.03
+    samples = [(x, (a * x + b) * rng.uniform(0.97, 1.03)) for x in (8, 16, 32, 64, 128) * 3]
+    model = TimeModel.fit(samples)
+    assert model.a == pytest.approx(a, rel=0.05) and model.b == pytest.approx(b, rel=0.2)
+    assert 0 < model.relative_error < 0.06
+    assert model.samples == tuple(samples)
+    assert model.predict(10) == pytest.approx(model.a * 10 + model.b)
+    assert model.scaled(0.5).a == pytest.approx(model.a / 2) and model.scaled(0.5).b == model.b
+
+
+def test_time_model_fit_clips_negative_coefficients():
+    flat = TimeModel.fit([(8, 0.5), (16, 0.49), (32, 0.48)])  # time falls with batch: noise
+    assert flat.a == 0 and flat.b == pytest.approx(0.49)
+    proportional = TimeModel.fit([(10, 0.09), (20, 0.2), (40, 0.42)])
+    assert proportional.b == 0 and proportional.a > 0
+
+
+@pytest.mark.parametrize(
+    "samples", [[(8, 0.1)], [(8, 0.1), (8, 0.2)], [(0, 0.1), (8, 0.2)], [(4, 0.1), (8, -1.0)]]
+)
+def test_time_model_fit_refuses_unusable_samples(samples):
+    with pytest.raises(PlanError):
+        TimeModel.fit(samples)
+
+
+def test_controller_options_name_and_fixed_plan():
+    assert CONTROLLERS["dual"] is DualBatchController
+    controller = make_controller("dual", deadband=0.1)
+    assert isinstance(controller, DualBatchController)
+    assert controller.resolve_small_workers(4) == 2 and controller.resolve_small_workers(1) == 0
+    assert DualBatchController(small_workers=3).resolve_small_workers(4) == 3
+    with pytest.raises(DualBatchError, match="only 2 workers"):
+        DualBatchController(small_workers=3).resolve_small_workers(2)
+    limits = BatchLimits(540, [500, 40], [500, 40])
+    assert controller.update([500, 40], [1.0, 3.0], limits) == [500, 40]
+    for bad in (
+        {"extra_time_ratio": 1.0},
+        {"small_workers": -1},
+        {"large_batch_size": 1},
+        {"update_factor": "half"},
+    ):
+        with pytest.raises(ValueError):
+            DualBatchController(**bad)
