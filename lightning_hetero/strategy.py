@@ -54,6 +54,7 @@ from lightning_hetero.planning.dual import (
     plan_dual_batch,
 )
 from lightning_hetero.planning.split import expand_bound
+from lightning_hetero.progressive import request_train_reload
 from lightning_hetero.resources import available_cores, flops_or_nan
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler, PartitionBatchSampler
 
@@ -73,10 +74,6 @@ def _patched(obj: object, attributes: dict[str, Any]) -> Iterator[None]:
     finally:
         for name in attributes:
             delattr(obj, name)
-
-
-def request_train_reload(trainer: "pl.Trainer") -> None:
-    trainer.fit_loop._combined_loader = None
 
 
 def _add_note(error: BaseException, note: str) -> None:
