@@ -34,3 +34,36 @@ def test_dual_plan_runs_each_rank_on_its_batch_and_share(tmp_path):
         assert entry["updates"] == steps
         assert entry["batch_sizes"] == plan["batch_sizes"]
     assert summary["metrics"]["val_acc"] > 0.3  # chance is 0.1
+
+
+def test_hybrid_scheme_replans_both_batches_per_resolution_and_keeps_the_data_split(tmp_path):
+    summary = run_training(
+        tmp_path,
+        workers=4,
+        epochs=3,
+        batch_size=32,
+        sample_cost=[0.001] * 4,
+        controller="dual",
+        controller_options={"small_workers": 2, "extra_time_ratio": 1.1},
+        extra={"mode": "async"},
+        progressive=[
+            {
+                "lr": 0.05,
+                "substages": [
+                    {"epochs": 1, "resolution": 6, "dropout": 0.1},
+                    {"epochs": 1, "resolution": 8, "dropout": 0.2},
+                ],
+            },
+            {"lr": 0.01, "substages": [{"epochs": 1, "resolution": 6, "dropout": 0.1}]},
+        ],
+    )
+    plans = [entry["batch_sizes"] for entry in summary["history"]]
+    low, full, low_again = plans
+    assert full[:2] == [32, 32]  # B_L at the reference resolution (8x8, the largest)
+    assert low[:2] == [round(32 / (6 / 8) ** 2)] * 2  # 57: a bigger B_L for smaller images
+    assert low[2] > full[2]  # and B_S planned again for them
+    assert low_again == low
+    # the same data split in every sub-stage: the server counted the steps of each plan
+    samples = summary["dual_plan"]["samples"]
+    for plan, entry in zip(plans, summary["history"]):
+        assert entry["updates"] == [math.ceil(n / b) for n, b in zip(samples, plan)]
