@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow bench lint clean
+.PHONY: install demo test test-slow test-multinode bench lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
+
+# 4 ranks on 2 emulated hosts (network namespaces, veth, torchrun); needs root
+test-multinode: $(STAMP)
+	$(PY) -m pytest -m multinode tests/multinode
 
 bench: $(STAMP)
 	$(PY) -m lightning_hetero.bench

@@ -804,8 +804,10 @@ class HeteroStrategy(DDPStrategy):
         with self._probing(loader, "controller='dual'") as step:
             step(sizes[0], timed=True)  # warm-up: allocator, kernels, caches
             for size in sizes:
+                if torch.distributed.is_initialized():
+                    self.barrier("the time probe")  # ranks time each size together
                 runs = []
-                for _ in range(3):
+                for _ in range(5):
                     if cuda:
                         torch.cuda.synchronize(self.root_device)
                     started = time.perf_counter()
