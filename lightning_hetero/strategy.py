@@ -110,7 +110,8 @@ class HeteroStrategy(DDPStrategy):
             on batches claimed from a shared pool of ``megabatch_size`` samples, and the
             replicas are merged after each mega-batch (see the README for details).
         controller: a controller name (``"proportional"``, ``"lbbsp"``, ``"stepwise"``,
-            ``"updates"``, ``"static"``; built with ``deadband``) or a
+            ``"updates"``, ``"static"``; built with ``deadband``; ``"dual"``, dual batch
+            size learning, with ``mode="async"`` only) or a
             :class:`~lightning_hetero.planning.Controller` instance. Default:
             ``"updates"`` in local mode, ``"proportional"`` otherwise.
         batch_sizes: the initial plan: ``"uniform"``, ``"cores"`` (CPU cores each rank's
@@ -618,10 +619,13 @@ class HeteroStrategy(DDPStrategy):
         return self.memory_probe["max_batch_sizes"]
 
     @contextmanager
-    def _probing(self, loader: DataLoader, what: str) -> Iterator[Callable[..., None]]:
+    def _probing(
+        self, loader: DataLoader, what: str, instead: str = ""
+    ) -> Iterator[Callable[..., None]]:
         """Yield ``step(batch_size, timed=False)``, one real training step outside the loop.
 
-        Model, optimizer and random state are put back afterwards and logging is silenced.
+        Model, optimizer and random state are put back afterwards and logging is silenced;
+        ``instead`` completes the error for manual optimization with an alternative.
         ``timed=True`` runs forward and backward only (what a worker times per batch) and
         lets :class:`~lightning_hetero.emulate.Throttle` add its delay, as a slower device
         would.
@@ -629,8 +633,7 @@ class HeteroStrategy(DDPStrategy):
         module = self.lightning_module
         if not module.automatic_optimization:
             raise ValueError(
-                f"{what} runs training steps itself and needs automatic optimization; see"
-                " the README for the options that avoid it."
+                f"{what} runs training steps itself and needs automatic optimization{instead}."
             )
         trainer = module.trainer
         dataset = loader.dataset
@@ -671,7 +674,8 @@ class HeteroStrategy(DDPStrategy):
         devices = self.parallel_devices or [device]
         # ranks sharing what the probe measures: the GPU on CUDA, the host's memory on CPU
         share = sum(d == device for d in devices) if device.type == "cuda" else len(devices)
-        with self._probing(loader, "max_batch_size='auto'") as step:
+        instead = "; set `max_batch_size` explicitly with manual optimization"
+        with self._probing(loader, "max_batch_size='auto'", instead) as step:
             bound, model, result = auto_max_batch_size(
                 step, sizes, device, safety=self.memory_safety, cap=total, share=share
             )
@@ -792,7 +796,6 @@ class HeteroStrategy(DDPStrategy):
             dual.extra_time_ratio,
             dual.update_factor,
         )
-        self._base_global = sum(self._dual_reference.batch_sizes)
         return self._rescale_dual()
 
     def _probe_time(self, loader: DataLoader, largest: int) -> TimeModel:
