@@ -83,16 +83,9 @@ class TimeModel:
                 not finite and positive.
         """
         pairs = tuple((int(x), float(t)) for x, t in samples)
-        if any(x < 1 for x, _ in pairs):
-            raise PlanError(f"Batch sizes must be >= 1, got {[x for x, _ in pairs]}.")
         if not all(math.isfinite(t) and t > 0 for _, t in pairs):
             raise PlanError(f"Step times must be finite and > 0, got {[t for _, t in pairs]}.")
-        if len({x for x, _ in pairs}) < 2:
-            raise PlanError(
-                "Fitting step time against batch size needs at least two distinct batch sizes,"
-                f" got {sorted({x for x, _ in pairs})}."
-            )
-        intercept, slope = least_squares_line(pairs)
+        intercept, slope = least_squares_line(pairs, "step time")
         if slope <= 0:  # time does not grow with the batch: all of it is per-step cost
             slope, intercept = 0.0, sum(t for _, t in pairs) / len(pairs)
         intercept = max(intercept, 0.0)
@@ -357,20 +350,10 @@ class DualBatchController(Controller):
     ) -> None:
         if not (math.isfinite(extra_time_ratio) and extra_time_ratio > 1):
             raise ValueError(f"`extra_time_ratio` must be > 1, got {extra_time_ratio}.")
-        if small_workers is not None and (
-            isinstance(small_workers, bool)
-            or not isinstance(small_workers, int)
-            or small_workers < 0
-        ):
-            raise ValueError(f"`small_workers` must be an integer >= 0, got {small_workers!r}.")
-        if large_batch_size is not None and (
-            isinstance(large_batch_size, bool)
-            or not isinstance(large_batch_size, int)
-            or large_batch_size < 2
-        ):
-            raise ValueError(
-                f"`large_batch_size` must be an integer >= 2, got {large_batch_size!r}."
-            )
+        if small_workers is not None:
+            _check_count("small_workers", small_workers, 0)
+        if large_batch_size is not None:
+            _check_count("large_batch_size", large_batch_size, 2)
         if update_factor not in _FACTOR_RULES:
             raise ValueError(
                 f"Unknown update_factor {update_factor!r}; expected one of {list(_FACTOR_RULES)}."

@@ -62,16 +62,9 @@ class MemoryModel:
                 measurement that is not finite.
         """
         pairs = [(int(b), float(m)) for b, m in samples]
-        if any(b < 1 for b, _ in pairs):
-            raise PlanError(f"Batch sizes must be >= 1, got {[b for b, _ in pairs]}.")
         if any(not isfinite(m) for _, m in pairs):
             raise PlanError(f"Memory measurements must be finite, got {[m for _, m in pairs]}.")
-        if len({b for b, _ in pairs}) < 2:
-            raise PlanError(
-                "Fitting memory against batch size needs at least two distinct batch sizes,"
-                f" got {sorted({b for b, _ in pairs})}."
-            )
-        intercept, slope = least_squares_line(pairs)
+        intercept, slope = least_squares_line(pairs, "memory")
         worst_residual = max(abs(m - (intercept + slope * b)) for b, m in pairs)
         # Relative to the largest measurement, so a step that measured 0 bytes at a
         # small size (host RSS that did not grow) cannot divide by zero.
@@ -139,15 +132,26 @@ class MemoryModel:
         return largest if cap is None else min(largest, cap)
 
 
-def least_squares_line(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """Intercept and slope of the least-squares line through ``(x, y)`` pairs.
+def least_squares_line(
+    pairs: Sequence[tuple[int, float]], what: str = "a measurement"
+) -> tuple[float, float]:
+    """Intercept and slope of the least-squares line through ``(batch_size, y)`` pairs.
 
-    Needs at least two distinct ``x``.
+    Raises:
+        PlanError: a batch size below 1, or fewer than two distinct batch sizes (``what``
+            names the measurement in the message).
 
     Example:
         >>> least_squares_line([(1, 3.0), (2, 5.0), (3, 7.0)])
         (1.0, 2.0)
     """
+    if any(x < 1 for x, _ in pairs):
+        raise PlanError(f"Batch sizes must be >= 1, got {[x for x, _ in pairs]}.")
+    if len({x for x, _ in pairs}) < 2:
+        raise PlanError(
+            f"Fitting {what} against batch size needs at least two distinct batch sizes,"
+            f" got {sorted({x for x, _ in pairs})}."
+        )
     mean_x = sum(x for x, _ in pairs) / len(pairs)
     mean_y = sum(y for _, y in pairs) / len(pairs)
     spread = sum((x - mean_x) ** 2 for x, _ in pairs)
