@@ -308,6 +308,8 @@ class HeteroCallback(Callback):
     def _check_minimum(self, strategy: "HeteroStrategy") -> list[int]:
         """Ranks the new plan holds at their minimum though slower; warns once per rank."""
         assert strategy.limits is not None
+        if strategy.dual_plan is not None:
+            return []  # the dual plan fixes every rank's batch on purpose
         lower = strategy.limits.min_batch_size
         held = held_at_minimum(strategy.batch_sizes, self._samples_per_s, lower)
         for rank in held:

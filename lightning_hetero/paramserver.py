@@ -210,6 +210,10 @@ def _remote_ping() -> bool:
     return True
 
 
+def _remote_echo(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return tensors
+
+
 def worker_name(rank: int) -> str:
     """The RPC name of rank ``rank``."""
     return f"hetero{rank}"
@@ -282,6 +286,10 @@ class ServerClient:
     def pull(self, index: int) -> PushResult:
         """:meth:`ParameterServer.pull` on the server."""
         return self._call("pull", _remote_pull, index)
+
+    def echo(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Send ``tensors`` to rank 0 and back: a push's round trip, before the server runs."""
+        return self._call("echo", _remote_echo, tensors)
 
     def unreachable(self, ranks: Sequence[int], timeout: float = 5.0) -> list[int]:
         """Which of ``ranks`` do not answer a ping within ``timeout`` seconds."""

@@ -626,9 +626,9 @@ class HeteroStrategy(DDPStrategy):
 
         Model, optimizer and random state are put back afterwards and logging is silenced;
         ``instead`` completes the error for manual optimization with an alternative.
-        ``timed=True`` runs forward and backward only (what a worker times per batch) and
-        lets :class:`~lightning_hetero.emulate.Throttle` add its delay, as a slower device
-        would.
+        ``timed=True`` runs what a worker's step costs without stepping the optimizer:
+        forward, backward (with :class:`~lightning_hetero.emulate.Throttle`'s delay, as a
+        slower device would take) and, in async mode, the push's round trip to rank 0.
         """
         module = self.lightning_module
         if not module.automatic_optimization:
@@ -656,6 +656,10 @@ class HeteroStrategy(DDPStrategy):
                     throttle.on_train_batch_start(trainer, module, batch, 0)
                     throttle.on_before_backward(trainer, module, loss)
             loss.backward()
+            if timed and self._client is not None:
+                # async: a worker's step includes its push, gradients out and parameters back
+                grads = [p.grad.detach().cpu() for p in module.parameters() if p.grad is not None]
+                self._client.echo(grads)
             for optimizer in self.optimizers:
                 if not timed:
                     optimizer.step()
