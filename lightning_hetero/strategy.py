@@ -805,7 +805,7 @@ class HeteroStrategy(DDPStrategy):
     def _probe_time(self, loader: DataLoader, largest: int) -> TimeModel:
         """Fit ``t(x) = a*x + b`` to timed forward/backward passes of the slowest rank."""
         largest = min(largest, len(loader.dataset))  # type: ignore[arg-type]
-        sizes = sorted(set(probe_sizes(largest)))
+        sizes = sorted({min(2, largest), *probe_sizes(largest)})  # small batches show b
         cuda = self.root_device.type == "cuda"
         times = []
         with self._probing(loader, "controller='dual'") as step:

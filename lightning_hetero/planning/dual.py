@@ -73,10 +73,13 @@ class TimeModel:
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[int, float]]) -> "TimeModel":
-        """Least-squares line through timed ``(batch_size, seconds)`` pairs.
+        """Line through timed ``(batch_size, seconds)`` pairs, least squares in relative error.
 
-        A negative intercept or slope (noise around a flat or proportional curve) is set to
-        0; the reported error is that of the clipped line.
+        Relative error is what the fit is judged by (paper 003's Table IV): a step of a few
+        milliseconds counts as much as a long one, which keeps the per-step time ``b`` (set
+        by the small batches) from being swamped by the largest. A negative intercept or
+        slope (noise around a flat or proportional curve) is set to 0; the reported error is
+        that of the clipped line.
 
         Raises:
             PlanError: fewer than two distinct batch sizes, a size below 1, or a time that is
@@ -85,7 +88,7 @@ class TimeModel:
         pairs = tuple((int(x), float(t)) for x, t in samples)
         if not all(math.isfinite(t) and t > 0 for _, t in pairs):
             raise PlanError(f"Step times must be finite and > 0, got {[t for _, t in pairs]}.")
-        intercept, slope = least_squares_line(pairs, "step time")
+        intercept, slope = least_squares_line(pairs, "step time", relative=True)
         if slope <= 0:  # time does not grow with the batch: all of it is per-step cost
             slope, intercept = 0.0, sum(t for _, t in pairs) / len(pairs)
         intercept = max(intercept, 0.0)

@@ -133,9 +133,12 @@ class MemoryModel:
 
 
 def least_squares_line(
-    pairs: Sequence[tuple[int, float]], what: str = "a measurement"
+    pairs: Sequence[tuple[int, float]], what: str = "a measurement", relative: bool = False
 ) -> tuple[float, float]:
     """Intercept and slope of the least-squares line through ``(batch_size, y)`` pairs.
+
+    ``relative=True`` minimizes the relative residuals (weights ``1 / y**2``; every ``y``
+    must be non-zero), so that small measurements count as much as large ones.
 
     Raises:
         PlanError: a batch size below 1, or fewer than two distinct batch sizes (``what``
@@ -152,10 +155,12 @@ def least_squares_line(
             f"Fitting {what} against batch size needs at least two distinct batch sizes,"
             f" got {sorted({x for x, _ in pairs})}."
         )
-    mean_x = sum(x for x, _ in pairs) / len(pairs)
-    mean_y = sum(y for _, y in pairs) / len(pairs)
-    spread = sum((x - mean_x) ** 2 for x, _ in pairs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in pairs) / spread
+    weights = [1.0 / (y * y) if relative else 1.0 for _, y in pairs]
+    total = sum(weights)
+    mean_x = sum(w * x for w, (x, _) in zip(weights, pairs)) / total
+    mean_y = sum(w * y for w, (_, y) in zip(weights, pairs)) / total
+    spread = sum(w * (x - mean_x) ** 2 for w, (x, _) in zip(weights, pairs))
+    slope = sum(w * (x - mean_x) * (y - mean_y) for w, (x, y) in zip(weights, pairs)) / spread
     return mean_y - slope * mean_x, slope
 
 
