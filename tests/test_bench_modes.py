@@ -135,7 +135,7 @@ def test_measure_runs_each_configuration_per_repeat_and_logs_progress(monkeypatc
         (["--target", "0.9", "0"], "--target must be an accuracy in (0, 1]"),
         (["--epochs", "0"], "need --repeats >= 1 and --epochs >= 1"),
         (["--repeats", "0"], "need --repeats >= 1 and --epochs >= 1"),
-        (["--configs", "nope"], "invalid choice: 'nope'"),
+        (["--configs", "nope"], "unknown --configs ['nope']"),
         (["--levels", "HL3"], "invalid choice: 'HL3'"),
         (["--target", "high"], "invalid float value"),
         (["--simulate"], "pick one"),
@@ -147,6 +147,43 @@ def test_bad_arguments_are_usage_errors(args, message, capsys, monkeypatch):
         main(["--modes", *args])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--configs", "bsp"], "unknown --configs ['bsp']"),
+        (["--small-workers", "4"], "need 0 < --small-workers < 4"),
+        (["--extra-time-ratio", "1.0"], "--extra-time-ratio > 1"),
+        (["--epochs", "2"], "too few for 3 stages"),
+        (["--modes"], "separate benchmarks; pick one"),
+    ],
+)
+def test_bad_dual_arguments_are_usage_errors(args, message, capsys, monkeypatch):
+    monkeypatch.setattr(modes, "launch", pytest.fail)  # nothing may run
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--dual", *args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_dual_benchmark_runs_its_three_configurations_on_digits_at_32(monkeypatch, capsys):
+    launched = []
+
+    def fake_launch(config, workdir, timeout=None):
+        launched.append(config)
+        return run([(1.0, 0.95)])
+
+    monkeypatch.setattr(modes, "launch", fake_launch)
+    main(["--dual", "--repeats", "1", "--epochs", "6"])
+    assert sorted(c["progressive"][0]["substages"][0]["resolution"] for c in launched) == [
+        24,
+        32,
+        32,
+    ]
+    assert all(c["resolution"] == 32 and c["sample_cost"] == [0.0] * 4 for c in launched)
+    assert {c["controller_options"]["small_workers"] for c in launched} == {0, 2}
+    assert "`uniform-large` / this configuration's" in capsys.readouterr().out
 
 
 def test_command_line_writes_json_and_prints_the_table(monkeypatch, tmp_path, capsys):

@@ -74,13 +74,18 @@ def test_the_held_rank_is_warned_about_once():
     callback = HeteroCallback()
     callback._samples_per_s = [370.0, 370.0, 380.0, 12.0]
     strategy = SimpleNamespace(
-        batch_sizes=[37, 37, 38, 16], limits=BatchLimits.build(4, 128, min_batch_size=16)
+        batch_sizes=[37, 37, 38, 16],
+        limits=BatchLimits.build(4, 128, min_batch_size=16),
+        dual_plan=None,
     )
     with pytest.warns(UserWarning, match=r"rank 3 is held at min_batch_size=16.*removing it"):
         assert callback._check_minimum(strategy) == [3]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert callback._check_minimum(strategy) == [3]  # still held, not warned again
+        # a dual plan pins every rank's batch on purpose: nothing to report
+        strategy.dual_plan = object()
+        assert HeteroCallback()._check_minimum(strategy) == []
 
 
 # ---------------------------------------------------------------- versions
