@@ -726,6 +726,13 @@ class HeteroStrategy(DDPStrategy):
             restored = self._restored_plan
             if len(restored) == world_size and sum(restored) == total:
                 return check_plan(restored, world_size, total, lower, upper)
+            if len(restored) == world_size:
+                # another global batch (e.g. another input scale): keep the saved proportions
+                rank_zero_info(
+                    f"hetero: the checkpoint's plan {restored} sums to {sum(restored)}; this run's"
+                    f" global batch is {total}: splitting it in the same proportions."
+                )
+                return proportional_split(restored, total, lower, upper)
             weights = self._restored_weights
             if weights is not None and len(weights) == world_size:
                 return proportional_split(weights, total, lower, upper)  # the callback warned

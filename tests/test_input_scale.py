@@ -96,3 +96,16 @@ def test_bad_scales_are_refused(scale):
 def test_bad_global_batch_is_refused():
     with pytest.raises(ValueError, match="global_batch_size"):
         HeteroStrategy().set_input_scale(0.5, global_batch_size=0)
+
+
+def test_a_restored_plan_for_another_global_batch_keeps_its_proportions():
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    environment = LightningEnvironment()
+    environment.set_world_size(2)
+    strategy = HeteroStrategy(cluster_environment=environment)
+    strategy.restore_plan([12, 36])  # saved in a sub-stage with another input scale
+    strategy.set_input_scale(0.5)  # this run starts at twice the batch of the loader's 2 x 8
+    assert strategy._resolve_plan(loader_batch_size=8) == [8, 24]
+    strategy.restore_plan([8, 24])
+    assert strategy._resolve_plan(loader_batch_size=8) == [8, 24]  # same total: kept as is
