@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.memory import least_squares_line
 from lightning_hetero.planning.split import PlanError
+from lightning_hetero.planning.static import StaticController
 
 __all__ = [
     "DualBatchController",
@@ -323,7 +323,7 @@ def plan_dual_batch(
     )
 
 
-class DualBatchController(Controller):
+class DualBatchController(StaticController):
     """Dual batch size learning (paper 003) for ``HeteroStrategy(mode="async")``.
 
     The strategy times probe batches, plans with :func:`plan_dual_batch` and runs the plan;
@@ -376,12 +376,3 @@ class DualBatchController(Controller):
                 f"`small_workers` is {small} but there are only {world_size} workers."
             )
         return small
-
-    def update(
-        self,
-        batch_sizes: Sequence[int],
-        compute_s: Sequence[float],
-        limits: BatchLimits,
-        stats: Sequence[RankStats] | None = None,
-    ) -> list[int]:
-        return list(batch_sizes)
