@@ -15,7 +15,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
+from lightning.pytorch.utilities.parsing import (
+    lightning_getattr,
+    lightning_hasattr,
+    lightning_setattr,
+)
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.nn.modules.dropout import _DropoutNd
 from typing_extensions import override
@@ -124,7 +128,9 @@ class ProgressiveSchedule(Callback):
     :meth:`~lightning_hetero.HeteroStrategy.set_input_scale` (by default the global batch
     follows the pixel count, capped by measured memory); with other strategies only an
     explicit ``batch_size`` applies, set as ``batch_size`` on the module, its hparams or
-    the datamodule (as Lightning's batch size finder does) and the loader rebuilt.
+    the datamodule (as Lightning's batch size finder does) and the loader rebuilt; a
+    sub-stage without one goes back to that attribute's value at the start of ``fit``,
+    which is restored when ``fit`` ends.
 
     Example:
         >>> schedule = ProgressiveSchedule([
@@ -164,6 +170,7 @@ class ProgressiveSchedule(Callback):
             else max(sizes, key=lambda s: s[0] * s[1])
         )
         self._applied: tuple[float, int | None] | None = None  # batch change in force
+        self._own_batch_size: int | None = None  # the module's, before any sub-stage's
         self._active = False  # inside a training epoch: resize the batches
         self._owner: Any = None  # the object whose on_after_batch_transfer is wrapped
         self._warned_schedulers = False
@@ -240,6 +247,9 @@ class ProgressiveSchedule(Callback):
         if self._owner is not None:
             vars(self._owner).pop("on_after_batch_transfer", None)
             self._owner = None
+        if self._own_batch_size is not None:  # leave the module as it was given
+            lightning_setattr(pl_module, "batch_size", self._own_batch_size)
+            self._own_batch_size = None
         self._applied = None
 
     @override
@@ -291,8 +301,13 @@ class ProgressiveSchedule(Callback):
         strategy = trainer.strategy
         if isinstance(strategy, _hetero()):
             strategy.set_input_scale(*wanted)  # rebuilds the loader when needed
-        elif phase.sub.batch_size is not None:
-            lightning_setattr(pl_module, "batch_size", phase.sub.batch_size)
+            return
+        if first and lightning_hasattr(pl_module, "batch_size"):
+            self._own_batch_size = lightning_getattr(pl_module, "batch_size")
+        # a sub-stage without a batch size goes back to the loader's own
+        size = phase.sub.batch_size if phase.sub.batch_size is not None else self._own_batch_size
+        if size is not None and size != lightning_getattr(pl_module, "batch_size"):
+            lightning_setattr(pl_module, "batch_size", size)
             if not first:
                 request_train_reload(trainer)
 

@@ -154,6 +154,17 @@ def test_explicit_batch_sizes_apply_without_hetero_strategy():
     assert not [w for w in caught if "overridden" in str(w.message)]
 
 
+def test_a_sub_stage_without_a_batch_size_goes_back_to_the_loaders_own():
+    schedule = ProgressiveSchedule(
+        [Stage(0.1, [SubStage(1, 16), SubStage(1, 24, batch_size=16), SubStage(1, 32)])]
+    )
+    model, data = _Recorder(), _Data(batch_size=6)
+    _trainer(schedule, 3, limit_val_batches=0).fit(model, datamodule=data)
+    batches = {e: {shape[0] for shape, _, _ in seen} for e, seen in model.seen.items()}
+    assert batches == {0: {6}, 1: {16}, 2: {6}}
+    assert data.batch_size == 6  # the datamodule is left as it was given
+
+
 def test_explicit_batch_sizes_need_somewhere_to_go():
     schedule = ProgressiveSchedule([Stage(0.1, [SubStage(1, 16, batch_size=16)])])
     with pytest.raises(AttributeError, match="batch_size"):

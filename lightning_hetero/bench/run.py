@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
-__all__ = ["AccuracyCurve", "EpochTimer", "RunConfig", "launch", "run"]
+__all__ = ["AccuracyCurve", "EpochTimer", "RunConfig", "child_env", "launch", "run"]
 
 
 @dataclass
@@ -249,17 +249,56 @@ def run(config: RunConfig) -> dict[str, Any]:
     return summary
 
 
+# Set by a launcher (Lightning's, torchrun, SLURM) for the ranks it starts. A fresh job
+# started from inside another (a test process that ran an in-process DDP fit, a rank) must
+# not inherit them, or it joins the old job's rendezvous or port.
+_LAUNCHER_VARIABLES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "PL_GLOBAL_SEED",
+    "PL_TRAINER_GPUS",
+)
+
+
+def child_env(warnings: bool = False, **extra: str) -> dict[str, str]:
+    """The environment for a fresh job: this one without any launcher's rank variables.
+
+    One thread per process (the workers share the cores); warnings are silenced unless
+    ``warnings`` (tests that read them ask for them). ``extra`` is added last.
+    """
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _LAUNCHER_VARIABLES and not key.startswith(("TORCHELASTIC_", "SLURM_"))
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    if warnings:
+        env.pop("PYTHONWARNINGS", None)
+    else:
+        env["PYTHONWARNINGS"] = "ignore"
+    env.update(extra)
+    return env
+
+
 def launch(config: dict[str, Any], workdir: Path, timeout: float | None = None) -> dict[str, Any]:
     """Run ``config`` as a fresh multi-process job in ``workdir``; returns rank 0's summary."""
     result = workdir / "result.json"
     result.unlink(missing_ok=True)
     config = {**config, "result": str(result)}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
         [sys.executable, "-m", "lightning_hetero.bench.run", json.dumps(config)],
         capture_output=True,
         text=True,
-        env=env,
+        env=child_env(),
         cwd=workdir,
         timeout=timeout,
     )

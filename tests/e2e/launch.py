@@ -1,20 +1,23 @@
 """Helpers that run real multi-process training as a user would: one command, popen launcher."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from lightning_hetero.bench.run import launch
+from lightning_hetero.bench.run import child_env, launch
 
 HERE = Path(__file__).parent
 
 
 def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=HERE
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+        cwd=HERE,
     )
     if proc.returncode != 0:
         raise AssertionError(

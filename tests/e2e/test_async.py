@@ -1,13 +1,13 @@
 """Async (parameter server) mode on 3 gloo ranks, launched as a user would."""
 
 import json
-import os
 import re
 import subprocess
 import sys
 
 import torch
 
+from lightning_hetero.bench.run import child_env
 from tests.e2e.async_run import TRUE_B, TRUE_W
 from tests.e2e.launch import HERE, run_script
 
@@ -22,7 +22,7 @@ def run(tmp_path, name, expect_failure=False, **config):
             text=True,
             timeout=240,
             cwd=HERE,
-            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+            env=child_env(),
         )
         assert proc.returncode != 0
         return proc.stdout + proc.stderr

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from lightning_hetero import HeteroStrategy
+from lightning_hetero.bench.run import child_env
 from lightning_hetero.paramserver import ParameterServer, free_port
 from lightning_hetero.planning import proportional_split
 from tests.e2e.launch import HERE
@@ -28,14 +29,11 @@ COMMON = {"sample_cost": COSTS, "global_batch_size": 48, "deadband": 0.3}
 
 def environment() -> dict[str, str]:
     """This checkout first on the path, one thread per rank, warnings shown (tests read them)."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]),
-    }
-    env.pop("PYTHONWARNINGS", None)
-    return env
+    return child_env(
+        warnings=True,
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        PYTHONPATH=os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]),
+    )
 
 
 def torchrun(nproc: int, config: dict, max_restarts: int = 0, timeout: float = 240):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_hetero.bench.run import child_env
 from lightning_hetero.paramserver import free_port
 from tests.multinode import netns
 from tests.multinode.train import EPOCHS, PER_RANK_BATCH, SAMPLES, SPEEDS
@@ -32,13 +33,7 @@ def _needs_namespaces():
 
 def _env(**extra: str) -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-        "PYTHONPATH": path,
-        **extra,
-    }
+    return child_env(PYTHONPATH=path, **extra)
 
 
 def _torchrun(nodes: int, per_node: int, endpoint: str, out: Path) -> list[str]:
