@@ -59,7 +59,8 @@ def test_resource_meter_sees_the_cuda_peak_since_the_last_reading():
     meter.read()
     total = torch.cuda.mem_get_info(device)[1]
     block = torch.empty(total // 10, dtype=torch.uint8, device=device)
-    del block  # freed, but the peak stays until the next reading
-    used, _, _ = meter.read()
-    after, _, _ = meter.read()
+    del block
+    torch.cuda.empty_cache()  # back to the driver (else still reserved, so still in use)
+    used, _, _ = meter.read()  # the peak since the last reading holds the block
+    after, _, _ = meter.read()  # the peak was reset by the previous reading
     assert used - after > 0.08

@@ -60,6 +60,11 @@ class RunConfig:
     val_every_epoch: bool = False  # validate after every epoch during fit: accuracy_curve
     result: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # "cpu", or "gpu": every worker shares cuda:0 (gloo, since NCCL refuses two ranks per GPU)
+    accelerator: str = "cpu"
+    # per-rank CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (GPU, under an MPS daemon): unequal SM shares
+    mps_shares: list[int] | None = None
+    width: int = 1  # channel multiplier of the digits CNN
 
 
 def _validating_in_fit(trainer: pl.Trainer) -> bool:
@@ -139,9 +144,35 @@ def _model_and_data(config: RunConfig) -> tuple[pl.LightningModule, pl.Lightning
         return BoringModel(), BoringDataModule()
     from lightning_hetero.bench.workload import DigitsCNN, DigitsDataModule
 
-    return DigitsCNN(lr=config.lr, dropout=config.dropout), DigitsDataModule(
+    return DigitsCNN(lr=config.lr, dropout=config.dropout, width=config.width), DigitsDataModule(
         config.batch_size, config.num_workers, config.seed, config.resolution
     )
+
+
+def _shared_gpu(config: RunConfig) -> dict[str, Any]:
+    """Strategy options that put every worker on ``cuda:0`` (``{}`` on CPU).
+
+    With ``mps_shares`` this process's share of the GPU's SMs is set here, before it
+    creates its CUDA context; the launcher's child processes carry ``LOCAL_RANK``.
+    """
+    if config.accelerator not in ("cpu", "gpu"):
+        raise ValueError(f"`accelerator` must be 'cpu' or 'gpu', got {config.accelerator!r}.")
+    if config.accelerator == "cpu":
+        if config.mps_shares is not None:
+            raise ValueError("`mps_shares` needs accelerator='gpu'.")
+        return {}
+    if config.mps_shares is not None:
+        shares = config.mps_shares
+        if len(shares) != config.workers or not all(1 <= s <= 100 for s in shares):
+            raise ValueError(
+                f"`mps_shares` needs one percentage in [1, 100] per worker, got {shares}."
+            )
+        rank = int(os.environ.get("LOCAL_RANK", 0))
+        os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(shares[rank])
+    return {
+        "parallel_devices": [torch.device("cuda", 0)] * config.workers,
+        "process_group_backend": "gloo",
+    }
 
 
 def run(config: RunConfig) -> dict[str, Any]:
@@ -151,6 +182,7 @@ def run(config: RunConfig) -> dict[str, Any]:
     from lightning_hetero.planning import CONTROLLERS, Controller
 
     torch.set_num_threads(1)  # several ranks share the machine's cores
+    gpu = _shared_gpu(config)
     pl.seed_everything(config.seed, workers=True, verbose=False)
     if config.strategy == "hetero":
         controller: str | Controller = config.controller
@@ -162,10 +194,11 @@ def run(config: RunConfig) -> dict[str, Any]:
             adjust_every=config.adjust_every,
             weighted=config.weighted,
             deadband=config.deadband,
+            **gpu,
             **config.extra,
         )
     elif config.strategy == "ddp":
-        strategy = DDPStrategy()
+        strategy = DDPStrategy(**gpu)
     else:
         raise ValueError(f"Unknown strategy {config.strategy!r}; expected 'hetero' or 'ddp'.")
     timer, curve = EpochTimer(), AccuracyCurve()
@@ -196,8 +229,8 @@ def run(config: RunConfig) -> dict[str, Any]:
             TensorBoardLogger(config.log_dir, name=config.strategy, version="tensorboard"),
         ]
     trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=config.workers,
+        accelerator=config.accelerator,
+        devices=1 if gpu else config.workers,  # with a shared GPU the strategy has the list
         strategy=strategy,
         max_epochs=config.epochs,
         callbacks=callbacks,

@@ -73,23 +73,29 @@ class DigitsCNN(pl.LightningModule):
     """Two conv layers with BatchNorm and a linear head; logs accuracy with torchmetrics.
 
     Any input resolution works (adaptive pooling); ``dropout`` is applied before the head.
+    ``width`` multiplies the channel counts (16 and 32), to give a GPU enough work.
     """
 
-    def __init__(self, lr: float = 0.05, batch_norm: bool = True, dropout: float = 0.0) -> None:
+    def __init__(
+        self, lr: float = 0.05, batch_norm: bool = True, dropout: float = 0.0, width: int = 1
+    ) -> None:
         super().__init__()
+        if width < 1:
+            raise ValueError(f"`width` must be >= 1, got {width}.")
         self.save_hyperparameters()
         norm = nn.BatchNorm2d if batch_norm else nn.Identity
+        c1, c2 = 16 * width, 32 * width
         self.net = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            norm(16),
+            nn.Conv2d(1, c1, 3, padding=1),
+            norm(c1),
             nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1),
-            norm(32),
+            nn.Conv2d(c1, c2, 3, padding=1),
+            norm(c2),
             nn.ReLU(),
             nn.AdaptiveAvgPool2d(2),
             nn.Flatten(),
             nn.Dropout(dropout),
-            nn.Linear(128, 10),
+            nn.Linear(4 * c2, 10),
         )
         self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=10)
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=10)
