@@ -24,3 +24,23 @@ def test_a_fresh_job_does_not_inherit_the_rank_variables_of_the_job_that_starts_
     assert env["PYTHONWARNINGS"] == "ignore"
     assert "PYTHONWARNINGS" not in child_env(warnings=True)
     assert child_env(MASTER_PORT="1234")["MASTER_PORT"] == "1234"
+
+
+def test_a_pair_alternates_which_strategy_goes_first_and_only_hetero_gets_its_options(
+    monkeypatch, tmp_path
+):
+    from lightning_hetero.bench import run as run_module
+
+    calls = []
+    monkeypatch.setattr(run_module, "launch", lambda config, workdir: calls.append(config) or {})
+    for repeat in range(2):
+        pair = run_module.run_pair({"epochs": 3}, repeat, tmp_path, {"adjust_every": 2})
+        assert set(pair) == {"ddp", "hetero"}
+    assert [(c["strategy"], c["seed"]) for c in calls] == [
+        ("ddp", 0),
+        ("hetero", 0),
+        ("hetero", 1),
+        ("ddp", 1),
+    ]
+    assert all(("adjust_every" in c) == (c["strategy"] == "hetero") for c in calls)
+    assert all(c["epochs"] == 3 for c in calls)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from lightning_hetero.bench.dual import DUAL_CONFIGS, dual_configs
 from lightning_hetero.bench.modes import CONFIGS, measure_modes, modes_report
-from lightning_hetero.bench.run import launch
+from lightning_hetero.bench.run import run_pair
 from lightning_hetero.bench.simulate import (
     DEFAULT_CONTROLLERS,
     predictor_table,
@@ -70,18 +70,10 @@ def measure(
             cores = HETEROGENEITY_LEVELS[level]
             cost = [base_cost / c for c in cores]
             common = {"workers": 4, "sample_cost": cost, "epochs": epochs, "validate": False}
-            raw[level] = []
-            for repeat in range(repeats):
-                pair: dict[str, Any] = {}
-                order = ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp")
-                for name in order:
-                    progress.set_postfix_str(f"{level} {name} #{repeat + 1}")
-                    config = {**common, "strategy": name, "seed": repeat}
-                    if name == "hetero":
-                        config.update(hetero_options or {})
-                    pair[name] = launch(config, workdir)
-                    progress.update()
-                raw[level].append(pair)
+            raw[level] = [
+                run_pair(common, repeat, workdir, hetero_options, progress, f"{level} ")
+                for repeat in range(repeats)
+            ]
     return raw
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from lightning_hetero.bench.run import child_env, launch
+from lightning_hetero.bench.run import child_env, run_pair
 from lightning_hetero.planning import ideal_speedup
 
 __all__ = ["device_readings", "measure", "mps_daemon", "report"]
@@ -95,20 +95,10 @@ def measure(
 ) -> list[dict[str, Any]]:
     """``repeats`` pairs of runs (uniform DDP, HeteroStrategy) with one MPS share per rank."""
     base = {**common, "accelerator": "gpu", "mps_shares": list(shares), "workers": len(shares)}
-    pairs = []
     with tqdm(total=2 * repeats, desc="MPS runs", unit="run") as progress:
-        for repeat in range(repeats):
-            pair: dict[str, Any] = {}
-            order = ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp")
-            for name in order:
-                progress.set_postfix_str(f"{name} #{repeat + 1}")
-                config = {**base, "strategy": name, "seed": repeat}
-                if name == "hetero":
-                    config.update(hetero_options or {})
-                pair[name] = launch(config, workdir)
-                progress.update()
-            pairs.append(pair)
-    return pairs
+        return [
+            run_pair(base, repeat, workdir, hetero_options, progress) for repeat in range(repeats)
+        ]
 
 
 def _cell(values: list[float], digits: int = 3) -> str:

@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
-__all__ = ["AccuracyCurve", "EpochTimer", "RunConfig", "child_env", "launch", "run"]
+__all__ = ["AccuracyCurve", "EpochTimer", "RunConfig", "child_env", "launch", "run", "run_pair"]
 
 
 @dataclass
@@ -340,6 +340,32 @@ def launch(config: dict[str, Any], workdir: Path, timeout: float | None = None) 
             f"The run {config} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
         )
     return json.loads(result.read_text())
+
+
+def run_pair(
+    config: dict[str, Any],
+    repeat: int,
+    workdir: Path,
+    hetero_options: dict[str, Any] | None = None,
+    progress: Any = None,
+    label: str = "",
+) -> dict[str, dict[str, Any]]:
+    """Uniform DDP and HeteroStrategy on ``config``, back to back, seeded with ``repeat``.
+
+    Which goes first alternates with ``repeat``. ``hetero_options`` are added to the
+    HeteroStrategy run's config; ``progress`` (a tqdm bar) is advanced per run.
+    """
+    pair: dict[str, dict[str, Any]] = {}
+    for name in ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp"):
+        if progress is not None:
+            progress.set_postfix_str(f"{label}{name} #{repeat + 1}")
+        run_config = {**config, "strategy": name, "seed": repeat}
+        if name == "hetero":
+            run_config.update(hetero_options or {})
+        pair[name] = launch(run_config, workdir)
+        if progress is not None:
+            progress.update()
+    return pair
 
 
 def main(argv: list[str] | None = None) -> None:
