@@ -88,3 +88,20 @@ def test_usage_errors_stop_before_any_run(argv, capsys):
         mps.main(argv)
     assert exit_info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_without_a_gpu_it_says_so_instead_of_failing_in_a_rank(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        mps.main(["--repeats", "1"])
+
+
+def test_a_daemon_that_does_not_start_leaves_the_environment_as_it_was(monkeypatch, tmp_path):
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text("#!/bin/sh\necho 'permission denied' >&2\nexit 1\n")
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path), prepend=os.pathsep)
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    with pytest.raises(RuntimeError, match="permission denied"), mps.mps_daemon():
+        pass
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ

@@ -62,11 +62,19 @@ def mps_daemon() -> Iterator[Path]:
             str(pipes),
             str(logs),
         )
-        subprocess.run([control, "-d"], check=True, env=os.environ.copy())
+        started = False
         try:
+            start = subprocess.run([control, "-d"], capture_output=True, text=True)
+            if start.returncode != 0:
+                raise RuntimeError(
+                    f"nvidia-cuda-mps-control -d failed ({start.returncode}):"
+                    f" {start.stderr.strip() or start.stdout.strip()}"
+                )
+            started = True
             yield logs
         finally:
-            subprocess.run([control], input="quit\n", text=True, env=os.environ.copy())
+            if started:
+                subprocess.run([control], input="quit\n", text=True, env=os.environ.copy())
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
@@ -172,11 +180,18 @@ def main(argv: list[str] | None = None) -> None:
         "resolution": args.resolution,
         "width": args.width,
     }
-    with mps_daemon(), tempfile.TemporaryDirectory() as workdir:
-        readings = device_readings(args.shares)
-        pairs = measure(
-            args.shares, args.repeats, Path(workdir), common, {"batch_sizes": args.batch_sizes}
-        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("The MPS benchmark needs a CUDA GPU; none is visible here.")
+    try:
+        with mps_daemon(), tempfile.TemporaryDirectory() as workdir:
+            readings = device_readings(args.shares)
+            pairs = measure(
+                args.shares, args.repeats, Path(workdir), common, {"batch_sizes": args.batch_sizes}
+            )
+    except RuntimeError as err:  # no MPS here, or its daemon would not start
+        raise SystemExit(f"The MPS benchmark cannot run: {err}") from err
     if args.out:
         args.out.write_text(json.dumps({"readings": readings, "pairs": pairs}, indent=1))
     print(report(args.shares, pairs, readings))
