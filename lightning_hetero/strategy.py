@@ -1223,10 +1223,11 @@ class HeteroStrategy(DDPStrategy):
             if gone:
                 _add_note(
                     exception,
-                    f"hetero: rank(s) {gone} no longer answer: the rank that died, and any that"
-                    " stopped after it. The parameter server applies each update whole, so its"
-                    " model holds only complete updates; resume from the last checkpoint with"
-                    " `trainer.fit(..., ckpt_path=...)`.",
+                    f"hetero: rank {self.global_rank} finds that rank(s) {gone} no longer answer:"
+                    " the rank that died, and any that stopped after it (each rank reports what"
+                    " it sees; rank 0 hosts the server). The parameter server applies each update"
+                    " whole, so its model holds only complete updates; resume from the last"
+                    " checkpoint with `trainer.fit(..., ckpt_path=...)`.",
                 )
         super().on_exception(exception)
 
