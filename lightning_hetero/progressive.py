@@ -6,8 +6,9 @@ Smaller images cost less memory and time per sample, so with
 :class:`~lightning_hetero.HeteroStrategy` the batch grows as the resolution falls.
 """
 
+import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -82,7 +83,11 @@ class SubStage:
 
 @dataclass
 class Stage:
-    """A run of sub-stages at one learning rate (``None`` leaves the optimizer's)."""
+    """A run of sub-stages at one learning rate (``None`` leaves the optimizer's).
+
+    ``lr`` is set on every parameter group of every optimizer; use ``None`` and an LR
+    scheduler where groups need rates of their own.
+    """
 
     lr: float | None
     substages: list[SubStage] = field(default_factory=list)
@@ -340,10 +345,16 @@ class ProgressiveSchedule(Callback):
         resized = torch.nn.functional.interpolate(
             images, size=size, mode=self.mode, align_corners=align
         )
+        if isinstance(batch, MutableMapping):
+            batch = copy.copy(batch)  # keeps the mapping's own type (OrderedDict, ...)
+            batch[key] = resized
+            return batch
         if isinstance(batch, Mapping):
             return {**batch, key: resized}
         items = list(batch)
         items[key] = resized  # type: ignore[index]
+        if hasattr(batch, "_fields"):  # a namedtuple takes its fields one by one
+            return type(batch)(*items)
         return type(batch)(items) if isinstance(batch, tuple) else items
 
     def _log(self, trainer: "pl.Trainer", phase: _Phase) -> None:

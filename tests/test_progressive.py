@@ -1,6 +1,8 @@
 """ProgressiveSchedule: resolution, dropout, learning rate and batch size by epoch."""
 
+import collections
 import warnings
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -192,6 +194,25 @@ def test_bad_batches_are_refused_with_the_key():
         _trainer(schedule, 1, limit_val_batches=0).fit(
             _Recorder(), DataLoader(_data(), batch_size=8)
         )
+
+
+@pytest.mark.parametrize(
+    ("batch", "key"),
+    [
+        (collections.namedtuple("Pair", "x y")(torch.zeros(2, 1, 8, 8), torch.zeros(2)), 0),
+        (collections.OrderedDict(x=torch.zeros(2, 1, 8, 8), y=torch.zeros(2)), "x"),
+        ((torch.zeros(2, 1, 8, 8), torch.zeros(2)), 0),
+        ([torch.zeros(2, 1, 8, 8), torch.zeros(2)], 0),
+    ],
+    ids=["namedtuple", "OrderedDict", "tuple", "list"],
+)
+def test_a_resized_batch_keeps_its_container_type(batch, key):
+    schedule = ProgressiveSchedule([Stage(0.1, [SubStage(1, 4)])], input_key=key)
+    trainer = SimpleNamespace(current_epoch=0)
+    resized = schedule._resize(batch, trainer)
+    assert type(resized) is type(batch)
+    assert resized[key].shape == (2, 1, 4, 4)
+    assert batch[key].shape == (2, 1, 8, 8)  # the loader's batch is not changed in place
 
 
 def test_yaml_config_builds_the_schedule(tmp_path):

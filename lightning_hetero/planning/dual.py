@@ -248,7 +248,8 @@ def plan_dual_batch(
         large_batch_size: ``B_L``.
         extra_time_ratio: ``k > 1``.
         update_factor: the small workers' model-update factor: ``"ratio"`` (``d_S/d_L``),
-            ``"sqrt"`` (its square root) or ``"none"`` (1).
+            ``"sqrt"`` (its square root) or ``"none"`` (1). With ``n_S = n`` there is no
+            large-batch update to match, and the factor is 1 whatever the rule.
 
     Raises:
         DualBatchError: infeasible inputs; the message names the bound that failed and
@@ -316,8 +317,11 @@ def plan_dual_batch(
             )
         )
     small = min(small, large - 1)
-    share = math.floor(d_small) / math.floor(d_large)  # in whole samples, as the paper
-    factor = {"ratio": share, "sqrt": math.sqrt(share), "none": 1.0}[update_factor]
+    if n_large == 0:
+        factor = 1.0  # no large-batch update to match (paper 003 Table III: "-")
+    else:
+        share = math.floor(d_small) / math.floor(d_large)  # in whole samples, as the paper
+        factor = {"ratio": share, "sqrt": math.sqrt(share), "none": 1.0}[update_factor]
     return DualBatchPlan(
         time_model, d, n, n_small, k, large, small, d_large, d_small, factor, update_factor
     )
@@ -338,7 +342,6 @@ class DualBatchController(StaticController):
             (``max_batch_size``, measured with ``"auto"``), else the loader's batch size.
         update_factor: ``"ratio"`` (``d_S/d_L``, the paper's choice), ``"sqrt"`` or
             ``"none"``.
-        deadband: ignored (accepted so the name works like the other controllers').
     """
 
     name = "dual"
@@ -349,7 +352,6 @@ class DualBatchController(StaticController):
         small_workers: int | None = None,
         large_batch_size: int | None = None,
         update_factor: Literal["ratio", "sqrt", "none"] = "ratio",
-        deadband: float = 0.05,
     ) -> None:
         if not (math.isfinite(extra_time_ratio) and extra_time_ratio > 1):
             raise ValueError(f"`extra_time_ratio` must be > 1, got {extra_time_ratio}.")
