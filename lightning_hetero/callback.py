@@ -128,6 +128,7 @@ class HeteroCallback(Callback):
             state, self._restored = self._restored, None
             if state["world_size"] == strategy.world_size:
                 strategy.restore_plan(state["batch_sizes"])
+                self._keep_saved_throughputs(state["ranks"])
                 if state["controller_class"] == type(strategy.controller).__name__:
                     strategy.controller.load_state_dict(state["controller"])
                 else:
@@ -154,6 +155,20 @@ class HeteroCallback(Callback):
         with strategy.guarded("the gather of host names"):
             torch.distributed.all_gather_object(rows, own)
         return [RankIdentity(str(host), int(local)) for host, local in rows]
+
+    def _keep_saved_throughputs(self, saved: list[dict[str, Any]]) -> None:
+        """Carry the saved measurements of ranks that run where they ran before, so that a
+        checkpoint written before this run's first boundary still holds them."""
+        if len(saved) != len(self._identities):
+            return  # a version-1 state: nothing recorded
+        same = [
+            RankIdentity(r["host"], r["local_rank"]) == identity
+            for r, identity in zip(saved, self._identities)
+        ]
+        self._samples_per_s = [
+            float(r["samples_per_s"]) if kept else math.nan for r, kept in zip(saved, same)
+        ]
+        self._measured_batch_sizes = [int(r["batch_size"]) for r in saved]
 
     def _restore_for_new_world(self, strategy: "HeteroStrategy", state: dict[str, Any]) -> None:
         """Re-plan a checkpoint of another world size from its per-rank throughputs."""

@@ -741,6 +741,8 @@ class HeteroStrategy(DDPStrategy):
                 f" batch of {total}; starting again from batch_sizes={initial!r}."
             )
         if isinstance(initial, list):
+            if total != self._base_global:  # another input scale: the same proportions
+                return proportional_split(initial, total, lower, upper)
             return check_plan(initial, world_size, total, lower, upper)
         if initial == "uniform":
             return proportional_split([1.0] * world_size, total, lower, upper)
@@ -760,9 +762,17 @@ class HeteroStrategy(DDPStrategy):
         world_size, upper = self.world_size, self._scaled_upper()
         total = self._scaled_global
         if total is None:
-            total = max(round(self._base_global / self._input_scale), 1)
-            if upper is not None and self._input_scale != 1:  # a derived batch fits
-                total = min(total, sum(expand_bound(upper, world_size, total)))
+            total = round(self._base_global / self._input_scale)
+            if self._input_scale != 1:  # a derived batch fits: it gives every rank its minimum
+                lowest = sum(expand_bound(self._min_batch_size, world_size, 1))
+                if total < lowest:
+                    rank_zero_warn(
+                        f"hetero: input scale {self._input_scale:g} makes the global batch"
+                        f" {total}, below the per-rank minimums' sum; using {lowest}."
+                    )
+                    total = lowest
+                if upper is not None:
+                    total = min(total, sum(expand_bound(upper, world_size, total)))
         try:
             return BatchLimits.build(world_size, total, self._min_batch_size, upper)
         except PlanError as err:
@@ -1082,14 +1092,13 @@ class HeteroStrategy(DDPStrategy):
 
     def synchronize(self, point: str) -> None:
         """Async mode: wait for every rank, then load the server's model everywhere."""
-        with self.guarded(f"the barrier at {point}"):
-            self.barrier()  # every push of every rank has been applied
+        self.barrier(point)  # every push of every rank has been applied
         self._pull_all()
         buffers = [b for b in self.lightning_module.buffers() if b.dtype.is_floating_point]
-        with self.guarded(f"the second barrier at {point}"):
+        with self.guarded(f"the buffer average at {point}"):
             # BatchNorm statistics would stay per rank otherwise
             weighted_average_(buffers, 1.0, self.world_size)
-            self.barrier()  # no rank tears the server down while another still pulls
+        self.barrier(f"{point}, after the pulls")  # no rank tears the server down mid-pull
 
     @contextmanager
     def guarded(self, operation: str) -> Iterator[None]:
@@ -1129,8 +1138,9 @@ class HeteroStrategy(DDPStrategy):
     ) -> torch.Tensor:
         if self.mode != "bsp":
             return super().backward(closure_loss, optimizer, *args, **kwargs)
-        # DDP waits for the gradient all-reduce inside backward: a hung peer surfaces here.
-        with self.guarded("the gradient all-reduce (in backward)"):
+        # DDP waits for the gradient all-reduce inside backward: a hung peer surfaces here
+        # (the note names both, since backward can also fail on its own, e.g. out of memory).
+        with self.guarded("backward with its gradient all-reduce"):
             return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override

@@ -128,6 +128,20 @@ def test_measure_runs_each_configuration_per_repeat_and_logs_progress(monkeypatc
     assert "FAILED (RuntimeError)" in lines[-3] + lines[-2] + lines[-1]
 
 
+def test_each_level_runs_with_its_own_costs_and_the_common_fields(monkeypatch, tmp_path):
+    launched = []
+    monkeypatch.setattr(
+        modes, "launch", lambda config, workdir, timeout=None: launched.append(config) or {}
+    )
+    modes.measure_modes(
+        ["HL4", "HL8"], 1, 1, 0.048, tmp_path, configs=["bsp"], log=len, common={"lr": 0.1}
+    )
+    hl4, hl8 = launched
+    assert hl4["sample_cost"] == pytest.approx([0.048 / c for c in (9, 9, 6, 24)])
+    assert hl8["sample_cost"] == pytest.approx([0.048 / c for c in (6, 6, 4, 32)])
+    assert hl4["lr"] == hl8["lr"] == 0.1
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

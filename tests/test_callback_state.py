@@ -197,3 +197,35 @@ def test_a_version_1_checkpoint_on_another_world_size_starts_uniform(tmp_path, c
     with pytest.warns(UserWarning, match="no rank could be matched"):
         trainer = _resume(tmp_path, checkpoint, state)
     assert trainer.strategy.batch_sizes == [8]
+
+
+class _StateAtStart(pl.Callback):
+    """Records the HeteroCallback's state as a checkpoint would save it before any boundary."""
+
+    def on_train_start(self, trainer, pl_module):
+        (hetero,) = [cb for cb in trainer.callbacks if isinstance(cb, HeteroCallback)]
+        self.ranks = hetero.state_dict()["ranks"]
+
+
+@pytest.mark.parametrize(("local_rank", "kept"), [(0, True), (5, False)])
+def test_a_resume_keeps_the_saved_throughput_of_a_rank_that_runs_where_it_ran(
+    tmp_path, checkpoint, local_rank, kept
+):
+    state = dict(checkpoint["callbacks"]["HeteroCallback"])
+    host = socket.gethostname()
+    state["ranks"] = [
+        {"host": host, "local_rank": local_rank, "batch_size": 8, "samples_per_s": 123.0}
+    ]
+    checkpoint = {**checkpoint, "callbacks": {**checkpoint["callbacks"], "HeteroCallback": state}}
+    path = tmp_path / "edited.ckpt"
+    torch.save(checkpoint, path)
+    record = _StateAtStart()
+    trainer = _trainer(tmp_path / "out", 2)
+    trainer.callbacks.append(record)
+    trainer.fit(_Model(), ckpt_path=path)
+    (rank,) = record.ranks
+    assert rank["batch_size"] == 8 and rank["local_rank"] == 0
+    if kept:
+        assert rank["samples_per_s"] == 123.0
+    else:  # another place: its old speed says nothing about this rank
+        assert math.isnan(rank["samples_per_s"])

@@ -109,3 +109,24 @@ def test_a_restored_plan_for_another_global_batch_keeps_its_proportions():
     assert strategy._resolve_plan(loader_batch_size=8) == [8, 24]
     strategy.restore_plan([8, 24])
     assert strategy._resolve_plan(loader_batch_size=8) == [8, 24]  # same total: kept as is
+
+
+def _two_ranks(**kwargs) -> HeteroStrategy:
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    environment = LightningEnvironment()
+    environment.set_world_size(2)
+    return HeteroStrategy(cluster_environment=environment, **kwargs)
+
+
+def test_an_explicit_plan_keeps_its_proportions_at_another_scale():
+    strategy = _two_ranks(batch_sizes=[8, 24])
+    strategy.set_input_scale(0.5)  # twice the global batch, split as the plan says
+    assert strategy._resolve_plan(loader_batch_size=None) == [16, 48]
+
+
+def test_a_derived_global_batch_never_falls_below_the_minimums():
+    strategy = _two_ranks(batch_sizes=[2, 2], min_batch_size=2)
+    strategy.set_input_scale(4.0)  # 4 / 4 = 1 sample, but each rank needs 2
+    with pytest.warns(UserWarning, match="below the per-rank minimums' sum; using 4"):
+        assert strategy._resolve_plan(loader_batch_size=None) == [2, 2]

@@ -79,7 +79,7 @@ def measure_modes(
     total, done, started = len(levels) * repeats * len(configs), 0, time.perf_counter()
     for level in levels:
         cost = [base_cost / cores for cores in HETEROGENEITY_LEVELS[level]]
-        common = {
+        fields = {
             "workers": 4,
             "sample_cost": cost,
             "epochs": epochs,
@@ -91,7 +91,7 @@ def measure_modes(
         for repeat in range(repeats):
             runs: dict[str, Any] = {}
             for name in run_order(configs, repeat):
-                config = {**common, **catalog[name], "seed": repeat}
+                config = {**fields, **catalog[name], "seed": repeat}
                 run_start = time.perf_counter()
                 try:
                     runs[name] = launch(config, workdir, timeout=timeout)
