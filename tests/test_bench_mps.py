@@ -47,7 +47,8 @@ def test_report_gives_min_median_max_of_steady_epochs_and_speedup_within_each_re
 
 def test_runs_on_a_shared_gpu_get_every_rank_on_cuda_0_over_gloo(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "2")
-    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    # set first, so that monkeypatch restores (removes) what _shared_gpu writes
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
     options = _shared_gpu(RunConfig(accelerator="gpu", workers=3, mps_shares=[60, 30, 10]))
     assert options == {
         "parallel_devices": [torch.device("cuda", 0)] * 3,

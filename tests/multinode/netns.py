@@ -32,12 +32,27 @@ def namespaces_unavailable() -> str | None:
     """Why namespaces cannot be made here (``None`` when they can)."""
     if shutil.which("ip") is None:
         return "iproute2's `ip` is not installed"
+    if shutil.which("unshare") is None:
+        return "util-linux's `unshare` is not installed"
     probe = f"lhprobe{os.getpid()}"
     try:
         _ip("netns", "add", probe)
     except subprocess.CalledProcessError as err:
         return f"`ip netns add` failed ({err.stderr.strip() or err.returncode}); it needs root"
-    _ip("netns", "del", probe)
+    try:  # everything hosts() and command_on() do, once
+        _ip("-n", probe, "link", "add", "br0", "type", "bridge")
+        _ip("-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "eth0")
+        subprocess.run(
+            command_on(Host(probe, "", "lhprobe"), ["true"]),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    except subprocess.CalledProcessError as err:
+        command = " ".join(err.cmd)
+        return f"`{command}` failed in a probe namespace ({err.stderr.strip() or err.returncode})"
+    finally:
+        _ip("netns", "del", probe)
     return None
 
 
@@ -95,6 +110,6 @@ def hosts(count: int, tag: str | None = None) -> Iterator[list[Host]]:
 
 def command_on(host: Host, argv: list[str]) -> list[str]:
     """``argv`` run inside ``host``'s namespace under its own host name (a UTS namespace)."""
-    script = 'hostname "$0" && exec "$@"'
+    script = 'printf %s "$0" > /proc/sys/kernel/hostname && exec "$@"'
     namespace = ["ip", "netns", "exec", host.namespace]
     return [*namespace, "unshare", "--uts", "sh", "-c", script, host.hostname, *argv]
