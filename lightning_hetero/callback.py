@@ -258,6 +258,9 @@ class HeteroCallback(Callback):
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
         # batches this rank's loader has drawn this epoch (local mode claims no fixed steps)
         drawn = sampler.cursor if isinstance(sampler, GlobalBatchSampler) else 0
+        # Async mode, rank 0: the server's view of the epoch, taken before the all-gather;
+        # once that completes, the other ranks may push the next epoch's first updates.
+        server_stats = strategy.server.take_epoch_stats() if strategy.server is not None else {}
         with strategy.guarded("the boundary's all-gather"):
             rows = strategy.gather_rows(
                 [s.batch_size, s.compute_s, s.wait_s, s.steps, drawn] + list(readings)
@@ -314,8 +317,7 @@ class HeteroCallback(Callback):
                 entry["changed"] = True
             entry["held_at_minimum"] = self._check_minimum(strategy)
         entry["next_batch_sizes"] = strategy.batch_sizes
-        if strategy.server is not None:  # async mode, rank 0: the server's view of the epoch
-            entry.update(strategy.server.take_epoch_stats())
+        entry.update(server_stats)
         entry["boundary_s"] = time.perf_counter() - started
         strategy.history.append(entry)
         self._log(trainer, entry)
