@@ -7,7 +7,6 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
@@ -15,6 +14,7 @@ from typing_extensions import override
 
 from lightning_hetero.planning import RankStats, TimingSmoother, balance_efficiency
 from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
+from lightning_hetero.planning.split import is_count
 from lightning_hetero.resources import ResourceMeter
 from lightning_hetero.sampler import GlobalBatchSampler
 
@@ -37,7 +37,7 @@ def _migrate(state: dict[str, Any]) -> dict[str, Any]:
         ValueError: the state is not a HeteroCallback state, or a newer release wrote it.
     """
     version = state.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+    if not is_count(version):
         raise ValueError(
             f"This checkpoint's HeteroCallback state has no valid version (found {version!r});"
             f" lightning_hetero writes an integer from 1 to {STATE_VERSION}. Was it written by"
@@ -148,12 +148,8 @@ class HeteroCallback(Callback):
     @staticmethod
     def _gather_identities(strategy: "HeteroStrategy") -> list[RankIdentity]:
         """Every rank's host name and local rank, in global-rank order."""
-        own = (socket.gethostname(), strategy.local_rank)
-        if not torch.distributed.is_initialized() or strategy.world_size == 1:
-            return [RankIdentity(*own)]
-        rows: list[Any] = [None] * strategy.world_size
         with strategy.guarded("the gather of host names"):
-            torch.distributed.all_gather_object(rows, own)
+            rows = strategy.gather_objects((socket.gethostname(), strategy.local_rank))
         return [RankIdentity(str(host), int(local)) for host, local in rows]
 
     def _keep_saved_throughputs(self, saved: list[dict[str, Any]]) -> None:

@@ -25,6 +25,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.nn.modules.dropout import _DropoutNd
 from typing_extensions import override
 
+from lightning_hetero.planning.split import is_count
+
 if TYPE_CHECKING:
     from lightning_hetero.strategy import HeteroStrategy
 
@@ -42,7 +44,7 @@ def request_train_reload(trainer: "pl.Trainer") -> None:
 
 def _size(resolution: int | Sequence[int]) -> tuple[int, int]:
     size = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
-    if len(size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in size):
+    if len(size) != 2 or not all(is_count(s) for s in size):
         raise ValueError(
             f"A resolution is a positive integer or (height, width), got {resolution!r}."
         )
@@ -68,16 +70,12 @@ class SubStage:
     batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
+        if not is_count(self.epochs):
             raise ValueError(f"A sub-stage needs `epochs` >= 1, got {self.epochs!r}.")
         self.resolution = _size(self.resolution)
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout}.")
-        if self.batch_size is not None and (
-            isinstance(self.batch_size, bool)
-            or not isinstance(self.batch_size, int)
-            or self.batch_size < 1
-        ):
+        if self.batch_size is not None and not is_count(self.batch_size):
             raise ValueError(f"`batch_size` must be an integer >= 1, got {self.batch_size!r}.")
 
 

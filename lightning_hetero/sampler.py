@@ -196,7 +196,6 @@ class PartitionBatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self.samples = [int(n) for n in samples]
         self.batch_size = int(batch_sizes[rank])
-        self.cursor = 0
 
     def size_at(self, step: int) -> int:
         """Number of samples in this rank's batch ``step`` (the last one may be short)."""
@@ -207,9 +206,7 @@ class PartitionBatchSampler(Sampler[list[int]]):
         return full + (remainder > 0 and not self.drop_last)
 
     def __iter__(self) -> Iterator[list[int]]:
-        self.cursor = 0
         start = sum(self.samples[: self.rank])
         share = self.sampler.permutation()[start : start + self.samples[self.rank]]
         for step in range(len(self)):
-            self.cursor = step + 1
             yield share[step * self.batch_size : (step + 1) * self.batch_size]

@@ -53,7 +53,7 @@ from lightning_hetero.planning.dual import (
     TimeModel,
     plan_dual_batch,
 )
-from lightning_hetero.planning.split import expand_bound
+from lightning_hetero.planning.split import expand_bound, is_count
 from lightning_hetero.progressive import request_train_reload
 from lightning_hetero.resources import available_cores, flops_or_nan
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler, PartitionBatchSampler
@@ -82,6 +82,11 @@ def _add_note(error: BaseException, note: str) -> None:
         error.add_note(note)
     else:  # Python 3.10
         error.args = (f"{error.args[0] if error.args else ''}\n{note}", *error.args[1:])
+
+
+def _smallest(bound: int | list[int] | None) -> int | None:
+    """The smallest of per-rank bounds (one int for all ranks, or none)."""
+    return min(bound) if isinstance(bound, list) else bound
 
 
 _MODES = ("bsp", "async", "local")
@@ -217,11 +222,7 @@ class HeteroStrategy(DDPStrategy):
                 f"HeteroStrategy installs its own weighted communication hook; {forbidden}"
                 " cannot be combined with it."
             )
-        if (
-            isinstance(min_batch_size, bool)
-            or not isinstance(min_batch_size, int)
-            or min_batch_size < 1
-        ):
+        if not is_count(min_batch_size):
             raise ValueError(f"`min_batch_size` must be an integer >= 1, got {min_batch_size!r}.")
         if isinstance(max_batch_size, str) and max_batch_size != "auto":
             raise ValueError(
@@ -247,9 +248,7 @@ class HeteroStrategy(DDPStrategy):
             raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing}.")
-        if adjust_every != "epoch" and (
-            isinstance(adjust_every, bool) or not isinstance(adjust_every, int) or adjust_every < 1
-        ):
+        if adjust_every != "epoch" and not is_count(adjust_every):
             raise ValueError(
                 f"`adjust_every` must be 'epoch' or an integer >= 1, got {adjust_every!r}."
             )
@@ -789,7 +788,7 @@ class HeteroStrategy(DDPStrategy):
         dual = self._dual
         assert dual is not None
         upper = self._upper_bound()
-        smallest_upper = min(upper) if isinstance(upper, list) else upper
+        smallest_upper = _smallest(upper)
         large = dual.large_batch_size or smallest_upper or loader.batch_size
         if large is None:
             raise ValueError(
@@ -855,7 +854,7 @@ class HeteroStrategy(DDPStrategy):
             large = self._scaled_global or max(round(reference.large_batch_size / scale), 2)
             upper = self._scaled_upper()
             if self._scaled_global is None and upper is not None:
-                large = min(large, min(upper) if isinstance(upper, list) else upper)
+                large = min(large, _smallest(upper))
             plan = reference.rescaled(large, reference.time_model.scaled(scale))
         self.dual_plan = plan
         sizes = list(plan.batch_sizes)
@@ -879,11 +878,7 @@ class HeteroStrategy(DDPStrategy):
         """
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"`scale` must be a finite number > 0, got {scale}.")
-        if global_batch_size is not None and (
-            isinstance(global_batch_size, bool)
-            or not isinstance(global_batch_size, int)
-            or global_batch_size < 1
-        ):
+        if global_batch_size is not None and not is_count(global_batch_size):
             raise ValueError(
                 f"`global_batch_size` must be an integer >= 1, got {global_batch_size}."
             )
@@ -953,6 +948,14 @@ class HeteroStrategy(DDPStrategy):
         rows = [torch.empty_like(tensor) for _ in range(self.world_size)]
         torch.distributed.all_gather(rows, tensor)
         return [row.cpu().tolist() for row in rows]
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        """All-gather one picklable object per rank; returns them in rank order."""
+        if not torch.distributed.is_initialized() or self.world_size == 1:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(values, value)
+        return values
 
     def broadcast_plan(self, batch_sizes: Sequence[int]) -> list[int]:
         """Rank 0's plan, on every rank (the controller runs on rank 0 only).

@@ -32,7 +32,9 @@ def test_a_pair_alternates_which_strategy_goes_first_and_only_hetero_gets_its_op
     from lightning_hetero.bench import run as run_module
 
     calls = []
-    monkeypatch.setattr(run_module, "launch", lambda config, workdir: calls.append(config) or {})
+    monkeypatch.setattr(
+        run_module, "launch", lambda config, workdir, timeout: calls.append(config) or {}
+    )
     for repeat in range(2):
         pair = run_module.run_pair({"epochs": 3}, repeat, tmp_path, {"adjust_every": 2})
         assert set(pair) == {"ddp", "hetero"}

@@ -200,6 +200,16 @@ def test_dual_benchmark_runs_its_three_configurations_on_digits_at_32(monkeypatc
     assert "`uniform-large` / this configuration's" in capsys.readouterr().out
 
 
+def test_without_the_hybrid_the_dual_benchmark_takes_fewer_epochs(monkeypatch):
+    launched = []
+    monkeypatch.setattr(
+        modes, "launch", lambda config, workdir, timeout=None: launched.append(config) or {}
+    )
+    main(["--dual", "--repeats", "1", "--epochs", "4", "--configs", "dual", "uniform-large"])
+    assert len(launched) == 2  # the hybrid's cyclic schedule would need 6
+    assert all(c["progressive"][0]["substages"][0]["resolution"] == 32 for c in launched)
+
+
 def test_command_line_writes_json_and_prints_the_table(monkeypatch, tmp_path, capsys):
     seen = []
 

@@ -278,7 +278,7 @@ def _run_dual(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
     if not 0 < args.small_workers < 4 or args.extra_time_ratio <= 1 or args.large_batch < 2:
         parser.error("need 0 < --small-workers < 4, --extra-time-ratio > 1, --large-batch >= 2")
     try:
-        catalog = dual_configs(epochs, args.small_workers, args.extra_time_ratio)
+        catalog = dual_configs(epochs, args.small_workers, args.extra_time_ratio, configs)
     except ValueError as err:
         parser.error(str(err))
     common = {"resolution": 32, "batch_size": args.large_batch}

@@ -166,7 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resolution", type=int, default=64)
     parser.add_argument("--width", type=int, default=16, help="channel multiplier of the CNN")
     parser.add_argument(
-        "--batch-sizes", default="uniform", help="HeteroStrategy's initial plan: uniform or flops"
+        "--batch-sizes",
+        default="uniform",
+        choices=("uniform", "flops"),
+        help="HeteroStrategy's initial plan (default: uniform)",
     )
     parser.add_argument("--out", type=Path, help="write the raw run summaries here (JSON)")
     args = parser.parse_args(argv)

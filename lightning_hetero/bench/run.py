@@ -349,11 +349,14 @@ def run_pair(
     hetero_options: dict[str, Any] | None = None,
     progress: Any = None,
     label: str = "",
+    timeout: float | None = 900.0,
 ) -> dict[str, dict[str, Any]]:
     """Uniform DDP and HeteroStrategy on ``config``, back to back, seeded with ``repeat``.
 
     Which goes first alternates with ``repeat``. ``hetero_options`` are added to the
-    HeteroStrategy run's config; ``progress`` (a tqdm bar) is advanced per run.
+    HeteroStrategy run's config; ``progress`` (a tqdm bar) is advanced per run. A run
+    that takes longer than ``timeout`` seconds fails (a hung rank does not hang the
+    benchmark).
     """
     pair: dict[str, dict[str, Any]] = {}
     for name in ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp"):
@@ -362,7 +365,7 @@ def run_pair(
         run_config = {**config, "strategy": name, "seed": repeat}
         if name == "hetero":
             run_config.update(hetero_options or {})
-        pair[name] = launch(run_config, workdir)
+        pair[name] = launch(run_config, workdir, timeout=timeout)
         if progress is not None:
             progress.update()
     return pair

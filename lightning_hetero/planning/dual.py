@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from lightning_hetero.planning.memory import least_squares_line
-from lightning_hetero.planning.split import PlanError
+from lightning_hetero.planning.split import PlanError, is_count
 from lightning_hetero.planning.static import StaticController
 
 __all__ = [
@@ -223,9 +223,25 @@ def _round_down(value: float) -> float:
 
 
 def _check_count(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if not is_count(value, low):
         raise DualBatchError(f"`{name}` must be an integer >= {low}, got {value!r}.")
     return value
+
+
+def _check_ratio(extra_time_ratio: float) -> float:
+    k = float(extra_time_ratio)
+    if not (math.isfinite(k) and k > 1):
+        raise DualBatchError(
+            f"The extra-time ratio k must be > 1 (k = 1 is the all-B_L baseline), got {k}."
+        )
+    return k
+
+
+def _check_rule(update_factor: str) -> None:
+    if update_factor not in _FACTOR_RULES:
+        raise DualBatchError(
+            f"Unknown update_factor {update_factor!r}; expected one of {list(_FACTOR_RULES)}."
+        )
 
 
 def plan_dual_batch(
@@ -244,7 +260,7 @@ def plan_dual_batch(
         dataset_size: ``d``, training samples per epoch.
         world_size: ``n``, workers.
         small_workers: ``n_S`` in ``[0, n]``; ``0`` plans the all-``B_L`` baseline
-            (``d/n`` samples each, ``k`` unused).
+            (``d/n`` samples each; ``k`` is checked but not used).
         large_batch_size: ``B_L``.
         extra_time_ratio: ``k > 1``.
         update_factor: the small workers' model-update factor: ``"ratio"`` (``d_S/d_L``),
@@ -269,15 +285,8 @@ def plan_dual_batch(
         raise DualBatchError(
             f"`small_workers` must be in [0, {n}] (the number of workers), got {small_workers}."
         )
-    k = float(extra_time_ratio)
-    if not (math.isfinite(k) and k > 1):
-        raise DualBatchError(
-            f"The extra-time ratio k must be > 1 (k = 1 is the all-B_L baseline), got {k}."
-        )
-    if update_factor not in _FACTOR_RULES:
-        raise DualBatchError(
-            f"Unknown update_factor {update_factor!r}; expected one of {list(_FACTOR_RULES)}."
-        )
+    k = _check_ratio(extra_time_ratio)
+    _check_rule(update_factor)
     if d < n:
         raise DualBatchError(f"{n} workers need at least {n} samples, got {d}.")
     n_small, n_large = small_workers, n - small_workers
@@ -353,17 +362,12 @@ class DualBatchController(StaticController):
         large_batch_size: int | None = None,
         update_factor: Literal["ratio", "sqrt", "none"] = "ratio",
     ) -> None:
-        if not (math.isfinite(extra_time_ratio) and extra_time_ratio > 1):
-            raise ValueError(f"`extra_time_ratio` must be > 1, got {extra_time_ratio}.")
+        self.extra_time_ratio = _check_ratio(extra_time_ratio)
         if small_workers is not None:
             _check_count("small_workers", small_workers, 0)
         if large_batch_size is not None:
             _check_count("large_batch_size", large_batch_size, 2)
-        if update_factor not in _FACTOR_RULES:
-            raise ValueError(
-                f"Unknown update_factor {update_factor!r}; expected one of {list(_FACTOR_RULES)}."
-            )
-        self.extra_time_ratio = float(extra_time_ratio)
+        _check_rule(update_factor)
         self.small_workers = small_workers
         self.large_batch_size = large_batch_size
         self.update_factor = update_factor

@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from lightning_hetero.planning.split import is_count
+
 if TYPE_CHECKING:
     import torch
 
@@ -240,9 +242,9 @@ class NARXPredictor(SpeedPredictor):
             ("max_epochs", max_epochs, 1),
             ("patience", patience, 1),
         ]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            if not is_count(value, least):
                 raise ValueError(f"`{option}` must be an integer >= {least}, got {value!r}.")
-        if isinstance(window, bool) or not isinstance(window, int) or window < warmup:
+        if not is_count(window, warmup):
             raise ValueError(f"`window` must be an integer >= `warmup` ({warmup}), got {window!r}.")
         if not 0.0 < validation_fraction < 1.0:
             raise ValueError(f"`validation_fraction` must be in (0, 1), got {validation_fraction}.")

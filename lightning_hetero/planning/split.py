@@ -7,9 +7,11 @@ core counts, FLOPs) into such plans and check plans given by users.
 
 from collections.abc import Sequence
 from math import floor, isfinite
+from typing import Any
 
 __all__ = [
     "PlanError",
+    "is_count",
     "balance_efficiency",
     "check_plan",
     "expand_bound",
@@ -20,6 +22,16 @@ __all__ = [
 
 class PlanError(ValueError):
     """A plan or a planning request that cannot be satisfied."""
+
+
+def is_count(value: Any, least: int = 1) -> bool:
+    """Whether ``value`` is an ``int`` (not a ``bool``) of at least ``least``.
+
+    Example:
+        >>> is_count(3), is_count(0), is_count(True), is_count(2.0), is_count(4, least=5)
+        (True, False, False, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def expand_bound(bound: int | Sequence[int] | None, world_size: int, default: int) -> list[int]:

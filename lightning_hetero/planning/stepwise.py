@@ -6,7 +6,7 @@ from math import isnan
 from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
-from lightning_hetero.planning.split import proportional_split
+from lightning_hetero.planning.split import is_count, proportional_split
 
 __all__ = ["StepwiseController"]
 
@@ -90,7 +90,7 @@ class StepwiseController(Controller):
             ("fine_step", fine_step),
             ("fine_window", fine_window),
         ]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_count(value):
                 raise ValueError(f"`{option}` must be an integer >= 1, got {value!r}.")
         if not 0.0 < memory_threshold <= 1.0:
             raise ValueError(f"`memory_threshold` must be in (0, 1], got {memory_threshold}.")

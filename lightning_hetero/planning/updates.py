@@ -6,7 +6,7 @@ from statistics import fmean
 from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
-from lightning_hetero.planning.split import balance_efficiency, proportional_split
+from lightning_hetero.planning.split import balance_efficiency, is_count, proportional_split
 
 __all__ = ["UpdatesController"]
 
@@ -88,11 +88,7 @@ class UpdatesController(Controller):
             or beta <= 0
         ):
             raise ValueError(f"`beta` must be a finite number > 0 or None, got {beta!r}.")
-        if megabatch_size is not None and (
-            isinstance(megabatch_size, bool)
-            or not isinstance(megabatch_size, int)
-            or megabatch_size < 1
-        ):
+        if megabatch_size is not None and not is_count(megabatch_size):
             raise ValueError(
                 f"`megabatch_size` must be a positive integer or None, got {megabatch_size!r}."
             )
