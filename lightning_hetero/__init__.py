@@ -1,10 +1,15 @@
 """lightning_hetero: per-rank batch sizes for data-parallel training on unequal workers.
 
-Importing the package registers ``Trainer(strategy="hetero")``.
+Importing the package registers ``Trainer(strategy="hetero")`` (and the class paths
+``lightning_hetero.HeteroStrategy`` etc., for LightningCLI's bare ``--trainer.strategy=...``) in
+``lightning.pytorch``'s strategy registry and, when ``pytorch_lightning`` is installed, in
+``pytorch_lightning``'s (see ``lightning_hetero.pytorch_lightning``).
 """
 
 from lightning.pytorch.strategies import StrategyRegistry
+from lightning_utilities.core.imports import RequirementCache
 
+from lightning_hetero import _namespaces
 from lightning_hetero.callback import HeteroCallback
 from lightning_hetero.progressive import ProgressiveSchedule, Stage, SubStage
 from lightning_hetero.strategy import HeteroStrategy
@@ -19,5 +24,7 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-if HeteroStrategy.strategy_name not in StrategyRegistry:
-    HeteroStrategy.register_strategies(StrategyRegistry)
+_namespaces.register_strategy(StrategyRegistry, HeteroStrategy)
+if RequirementCache(_namespaces.PYTORCH_LIGHTNING_REQUIREMENT, "pytorch_lightning"):
+    # by name and as objects; the twins (lightning_hetero.pytorch_lightning) load when used
+    _namespaces.register_in_pytorch_lightning([HeteroStrategy])

@@ -5,6 +5,8 @@ annotations when it is registered.
 """
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,20 +17,36 @@ __all__ = ["CudaStepTimer", "HostStepTimer", "WeightedHookState", "weighted_allr
 
 
 class HostStepTimer:
-    """Times each step on the host clock: compute until local gradients are ready, then wait.
+    """Times each training step on the host clock: compute, and waiting for other ranks.
 
-    ``compute_s`` runs from :meth:`start` (the batch is on the device) to
-    :meth:`grads_ready` (the last gradient bucket is ready, reported by the comm
-    hook); ``wait_s`` from there to :meth:`backward_done` (all-reduce finished, which
-    includes waiting for slower ranks). Without a hook call (e.g. ``no_sync`` during
-    gradient accumulation) the step counts as all compute.
+    A step runs from :meth:`start` (the batch is on the device) to its last *end mark*:
+    the end of a backward pass (:meth:`backward_done`) or of an optimizer step
+    (:meth:`step_done`), whichever came last. Inside it, the time spent waiting for other
+    ranks is the sum of its *wait segments*: each backward's, from the moment its last
+    gradient bucket was ready (:meth:`grads_ready`, reported by the comm hook) until the
+    backward ended (all-reduce finished, including waiting for slower ranks), and any
+    other collective timed with :meth:`waiting` (e.g. a ``sync_dist`` metric reduction).
+    ``wait_s`` is that sum, ``compute_s`` the step's time minus it: forward, every
+    backward (manual optimization may run several), gradient clipping and the optimizer
+    step all count as compute. A backward without a hook call (``no_sync`` during
+    gradient accumulation, or no DDP at all) is all compute; a wait segment that begins
+    after the step's last end mark (e.g. a metric synced in ``on_train_batch_end``) lies
+    outside the step and is not counted.
+
+    :meth:`finish` (also called by :meth:`start` and :meth:`collect`) closes the step; a
+    step without an end mark (nothing was backpropagated) records nothing, and marks made
+    while no step is open are ignored.
     """
 
     def __init__(self) -> None:
-        self._pending: list[tuple[int, Any, Any, Any]] = []
+        # (batch_size, start, end, ((wait_begin, wait_end), ...))
+        self._pending: list[tuple[int, Any, Any, tuple[tuple[Any, Any], ...]]] = []
         self._batch_size = 0
         self._start: Any = None
         self._ready: Any = None
+        self._end: Any = None
+        self._waits: list[tuple[Any, Any]] = []
+        self._waits_in_step = 0  # wait segments that began before the last end mark
 
     def _now(self) -> Any:
         return time.perf_counter()
@@ -40,28 +58,68 @@ class HostStepTimer:
         return end - begin
 
     def start(self, batch_size: int) -> None:
+        """A step on ``batch_size`` samples starts now (closing any open step)."""
+        self.finish()
         self._batch_size = batch_size
-        self._start, self._ready = self._now(), None
+        self._start = self._now()
 
     def grads_ready(self) -> None:
-        self._ready = self._now()
+        """This rank's gradients of the current backward are all computed."""
+        if self._start is not None:
+            self._ready = self._now()
 
     def backward_done(self) -> None:
+        """A backward ended (with its all-reduce, if any): an end mark."""
         if self._start is None:
             return
         done = self._now()
-        ready = done if self._ready is None else self._ready
-        self._pending.append((self._batch_size, self._start, ready, done))
-        self._start = None
+        if self._ready is not None:
+            self._waits.append((self._ready, done))
+            self._ready = None
+        self._mark_end(done)
+
+    def step_done(self) -> None:
+        """An optimizer step ended: an end mark (its work counts as compute)."""
+        if self._start is not None:
+            self._mark_end(self._now())
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Time the block (a collective) as waiting, if it lies inside the step."""
+        if self._start is None:
+            yield
+            return
+        begin = self._now()
+        try:
+            yield
+        finally:
+            if self._start is not None:
+                self._waits.append((begin, self._now()))
+
+    def _mark_end(self, mark: Any) -> None:
+        self._end = mark
+        self._waits_in_step = len(self._waits)
+
+    def finish(self) -> None:
+        """Close the open step: it ends at its last end mark."""
+        if self._start is not None and self._end is not None:
+            waits = tuple(self._waits[: self._waits_in_step])
+            self._pending.append((self._batch_size, self._start, self._end, waits))
+        self._start = self._ready = self._end = None
+        self._waits = []
+        self._waits_in_step = 0
 
     def collect(self, synchronize: bool = False) -> list[tuple[int, float, float]]:
-        """Finished steps since the last call as ``(batch_size, compute_s, wait_s)``."""
+        """Finished steps since the last call as ``(batch_size, compute_s, wait_s)``.
+
+        Closes the open step first: call it once the step is over (after the batch).
+        """
+        self.finish()
         records = []
-        while self._pending and self._finished(self._pending[0][3], synchronize):
-            batch_size, start, ready, done = self._pending.pop(0)
-            records.append(
-                (batch_size, self._elapsed_s(start, ready), self._elapsed_s(ready, done))
-            )
+        while self._pending and self._finished(self._pending[0][2], synchronize):
+            batch_size, start, end, waits = self._pending.pop(0)
+            wait_s = sum(self._elapsed_s(begin, stop) for begin, stop in waits)
+            records.append((batch_size, self._elapsed_s(start, end) - wait_s, wait_s))
         return records
 
 

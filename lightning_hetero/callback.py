@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from lightning_hetero._lightning import settle_logged_metrics
 from lightning_hetero.planning import RankStats, TimingSmoother, balance_efficiency
 from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
 from lightning_hetero.planning.split import is_count
@@ -223,6 +224,7 @@ class HeteroCallback(Callback):
     @override
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         strategy = self._strategy(trainer)
+        settle_logged_metrics(trainer)  # Lightning's metric syncs before any collective of ours
         if strategy.mode == "local":
             strategy.finish_epoch()  # local mode re-plans at each merge
             return

@@ -74,7 +74,8 @@ class BatchTag(NamedTuple):
     megabatch: int
     """Index of the mega-batch (within the epoch) the batch was claimed from."""
     size: int
-    """Number of samples in the batch (the last claim of a mega-batch can be short)."""
+    """Number of samples in the batch (the last claim of a mega-batch can be short, but is
+    padded to at least the sampler's ``min_batch_size``)."""
 
 
 class MegaBatchSampler(Sampler[list[int]]):
@@ -94,6 +95,9 @@ class MegaBatchSampler(Sampler[list[int]]):
     training, e.g. with ``num_workers > 0``). :attr:`claimed` and
     :attr:`claimed_batches` count this epoch's claims.
 
+    A short last claim of a mega-batch is padded with the mega-batch's first samples up to
+    ``min_batch_size`` (a BatchNorm layer cannot train on a batch of one).
+
     Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler``, hence the
     permutation is kept as :attr:`sampler`. One pass per epoch is assumed: iterating
     the same epoch again finds its mega-batches already claimed and yields nothing.
@@ -106,9 +110,16 @@ class MegaBatchSampler(Sampler[list[int]]):
         batch_size: int,
         megabatch_size: int,
         run_id: str,
+        min_batch_size: int = 1,
     ) -> None:
         if megabatch_size < 1:
             raise ValueError(f"megabatch_size must be >= 1, got {megabatch_size}.")
+        if not 1 <= min_batch_size <= megabatch_size:
+            raise ValueError(
+                f"min_batch_size must be in [1, megabatch_size={megabatch_size}], got"
+                f" {min_batch_size}."
+            )
+        self.min_batch_size = min_batch_size
         self.sampler = sampler
         self.cursor = cursor
         self.megabatch_size = megabatch_size
@@ -172,10 +183,14 @@ class MegaBatchSampler(Sampler[list[int]]):
                 start, stop = self.cursor.claim(key, self.batch_size, end - base)
                 if start >= stop:
                     break
-                self.tags.append(BatchTag(megabatch, stop - start))
                 self.claimed += stop - start
                 self.claimed_batches += 1
-                yield positions[base + start : base + stop]
+                batch = positions[base + start : base + stop]
+                padding = self.min_batch_size - len(batch)
+                if padding > 0:
+                    batch += positions[base : base + padding]
+                self.tags.append(BatchTag(megabatch, len(batch)))
+                yield batch
 
     def __len__(self) -> int:
         """Always raises ``TypeError``: the number of batches is not known in advance.

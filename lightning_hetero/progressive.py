@@ -25,21 +25,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.nn.modules.dropout import _DropoutNd
 from typing_extensions import override
 
+from lightning_hetero._lightning import request_train_reload
 from lightning_hetero.planning.split import is_count
 
 if TYPE_CHECKING:
     from lightning_hetero.strategy import HeteroStrategy
 
-__all__ = ["ProgressiveSchedule", "Stage", "SubStage", "request_train_reload"]
-
-
-def request_train_reload(trainer: "pl.Trainer") -> None:
-    """Make Lightning build the training loader again before the next epoch starts.
-
-    Lightning rebuilds it at an epoch start when it has none (``fit_loop.setup_data``);
-    call this at or before the previous epoch's end, or before the first one.
-    """
-    trainer.fit_loop._combined_loader = None
+__all__ = ["ProgressiveSchedule", "Stage", "SubStage"]
 
 
 def _size(resolution: int | Sequence[int]) -> tuple[int, int]:

@@ -52,11 +52,20 @@ class GlobalBatchSampler(Sampler[list[int]]):
     caller must pick a step no rank has drawn yet (DataLoader workers prefetch);
     :attr:`cursor` is the number of batches drawn in the current epoch.
 
-    ``drop_last`` decides what happens to the ``N mod B`` samples that do not fill a
-    global batch: ``True`` drops them (a different set each shuffled epoch);
-    ``False`` keeps them all, as one last smaller step split in proportion to the
-    plan when there are at least as many of them as ranks, otherwise as one extra
-    sample for each of the ranks with the largest batches in the last full step.
+    ``drop_last`` decides what happens to the ``r = N mod B`` samples that do not fill a
+    global batch: ``True`` drops them (a different set each shuffled epoch); ``False``
+    keeps them all in one last, smaller step, split in proportion to the plan with every
+    rank given at least its ``min_batch_sizes`` entry. When ``r`` is below the sum of
+    those minimums, the step is padded with the epoch's first samples, as
+    :class:`~torch.utils.data.DistributedSampler` pads under DDP, and every rank gets
+    exactly its minimum: no rank ever trains on fewer samples than its minimum (a
+    BatchNorm layer cannot train on a batch of one).
+
+    Example:
+        >>> epoch = EpochPermutation(11, shuffle=False)
+        >>> lower = [2, 2]
+        >>> [list(GlobalBatchSampler(epoch, [3, 2], k, min_batch_sizes=lower)) for k in (0, 1)]
+        [[[0, 1, 2], [5, 6, 7], [10, 0]], [[3, 4], [8, 9], [1, 2]]]
     """
 
     def __init__(
@@ -65,6 +74,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         batch_sizes: Sequence[int],
         rank: int,
         drop_last: bool = False,
+        min_batch_sizes: Sequence[int] | None = None,
     ) -> None:
         plan = check_plan(batch_sizes, len(batch_sizes))
         if not 0 <= rank < len(plan):
@@ -72,6 +82,11 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.sampler = sampler
         self.rank = rank
         self.drop_last = drop_last
+        self.min_batch_sizes = [1] * len(plan) if min_batch_sizes is None else list(min_batch_sizes)
+        if len(self.min_batch_sizes) != len(plan) or min(self.min_batch_sizes) < 1:
+            raise ValueError(
+                f"`min_batch_sizes` needs one entry >= 1 per rank, got {min_batch_sizes}."
+            )
         self.global_batch_size = sum(plan)
         num_samples = len(sampler)
         if num_samples < self.global_batch_size:
@@ -115,26 +130,19 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
     def layout(self, step: int) -> tuple[int, list[int]]:
         """First position in the permutation and per-rank sizes of step ``step``."""
-        num_samples, total = len(self.sampler), self.global_batch_size
-        full_steps, remainder = divmod(num_samples, total)
+        full_steps, remainder = divmod(len(self.sampler), self.global_batch_size)
         plan = self.plan_at(step)
-        start = step * total
-        if self.drop_last or remainder == 0 or (step < full_steps - 1):
+        start = step * self.global_batch_size
+        if step < full_steps:
             return start, list(plan)
-        world_size = len(plan)
-        if remainder >= world_size:
-            if step == full_steps:
-                return start, proportional_split(plan, remainder)
-            return start, list(plan)
-        # Fewer leftovers than ranks: the ranks with the largest batches take one more each.
-        order = sorted(range(world_size), key=lambda k: (-plan[k], k))[:remainder]
-        return start, [b + (k in order) for k, b in enumerate(plan)]
+        lower = self.min_batch_sizes
+        if remainder < sum(lower):
+            return start, list(lower)  # padded with the epoch's first samples
+        return start, proportional_split(plan, remainder, lower)
 
     def __len__(self) -> int:
         full_steps, remainder = divmod(len(self.sampler), self.global_batch_size)
-        if not self.drop_last and remainder >= len(self._epoch_plan):
-            return full_steps + 1
-        return full_steps
+        return full_steps + (remainder > 0 and not self.drop_last)
 
     def __iter__(self) -> Iterator[list[int]]:
         # A new epoch starts from the latest plan; scheduled changes have been folded in.
@@ -142,7 +150,11 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self._changes = []
         self.cursor = 0
         positions = self.sampler.permutation()
-        for step in range(len(self)):
+        steps = len(self)
+        if steps:  # a padded tail step wraps around to the epoch's first samples
+            start, sizes = self.layout(steps - 1)
+            positions += positions[: max(start + sum(sizes) - len(positions), 0)]
+        for step in range(steps):
             start, sizes = self.layout(step)
             offset = start + sum(sizes[: self.rank])
             self.cursor = step + 1
@@ -158,7 +170,8 @@ class PartitionBatchSampler(Sampler[list[int]]):
     Dual batch size learning uses it (small-batch ranks train on fewer samples, in more,
     smaller steps); it suits only modes without per-step collectives (``mode="async"``).
 
-    ``drop_last`` drops a rank's last batch when it is short; otherwise it is kept.
+    ``drop_last`` drops a rank's last batch when it is short; otherwise it is kept, padded
+    with the first samples of the rank's share up to ``min_batch_size``.
 
     Example:
         >>> epoch = EpochPermutation(10, shuffle=False)
@@ -173,6 +186,7 @@ class PartitionBatchSampler(Sampler[list[int]]):
         batch_sizes: Sequence[int],
         rank: int,
         drop_last: bool = False,
+        min_batch_size: int = 1,
     ) -> None:
         if len(samples) != len(batch_sizes):
             raise ValueError(
@@ -196,10 +210,12 @@ class PartitionBatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self.samples = [int(n) for n in samples]
         self.batch_size = int(batch_sizes[rank])
+        self.min_batch_size = min(min_batch_size, self.samples[rank])
 
     def size_at(self, step: int) -> int:
         """Number of samples in this rank's batch ``step`` (the last one may be short)."""
-        return max(min(self.batch_size, self.samples[self.rank] - step * self.batch_size), 0)
+        left = self.samples[self.rank] - step * self.batch_size
+        return max(min(self.batch_size, left), self.min_batch_size if left > 0 else 0)
 
     def __len__(self) -> int:
         full, remainder = divmod(self.samples[self.rank], self.batch_size)
@@ -209,4 +225,5 @@ class PartitionBatchSampler(Sampler[list[int]]):
         start = sum(self.samples[: self.rank])
         share = self.sampler.permutation()[start : start + self.samples[self.rank]]
         for step in range(len(self)):
-            yield share[step * self.batch_size : (step + 1) * self.batch_size]
+            batch = share[step * self.batch_size : (step + 1) * self.batch_size]
+            yield batch + share[: self.size_at(step) - len(batch)]

@@ -16,11 +16,19 @@ from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from lightning.pytorch.utilities.data import _is_dataloader_shuffled
+from lightning.pytorch.utilities import CombinedLoader
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    WeightedRandomSampler,
+)
 from torch.utils.data.distributed import DistributedSampler
 from typing_extensions import override
 
@@ -30,6 +38,8 @@ from lightning_hetero._comm import (
     WeightedHookState,
     weighted_allreduce_hook,
 )
+from lightning_hetero._lightning import in_training_batch, request_train_reload
+from lightning_hetero._namespaces import LateBinding
 from lightning_hetero._optim import optimizer_params, scaled_lr
 from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
 from lightning_hetero.emulate import Throttle
@@ -54,7 +64,6 @@ from lightning_hetero.planning.dual import (
     plan_dual_batch,
 )
 from lightning_hetero.planning.split import expand_bound, is_count
-from lightning_hetero.progressive import request_train_reload
 from lightning_hetero.resources import available_cores, flops_or_nan
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler, PartitionBatchSampler
 
@@ -91,15 +100,9 @@ def _smallest(bound: int | list[int] | None) -> int | None:
 
 _MODES = ("bsp", "async", "local")
 _INITIAL_PLANS = ("uniform", "cores", "flops")
-_FORBIDDEN_DDP_OPTIONS = (
-    "ddp_comm_state",
-    "ddp_comm_hook",
-    "ddp_comm_wrapper",
-    "model_averaging_period",
-)
 
 
-class HeteroStrategy(DDPStrategy):
+class HeteroStrategy(LateBinding, DDPStrategy):
     """Data-parallel training where each rank's batch size follows its speed.
 
     The global batch ``B`` stays fixed; rank ``k`` trains on ``b_k`` samples per step,
@@ -124,7 +127,10 @@ class HeteroStrategy(DDPStrategy):
             cores), or one batch size per rank.
         global_batch_size: ``B``; default: the sum of an explicit plan, else the training
             loader's ``batch_size`` times the world size.
-        min_batch_size: smallest batch any rank may get.
+        min_batch_size: smallest batch any rank may get, in every step including the
+            epoch's last, smaller one (padded with the epoch's first samples when too few are
+            left, as DDP's sampler pads). Default: 2 for a model with BatchNorm layers (which
+            cannot train on a batch of one), else 1.
         max_batch_size: largest batch any rank may get (default: no limit but ``B``): one
             number, one per rank, or ``"auto"``: before training each rank measures the
             peak memory of real training steps (forward, backward, optimizer step) at a
@@ -142,6 +148,9 @@ class HeteroStrategy(DDPStrategy):
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
             (inexact with unequal batches; for ablations only). BSP mode only.
+        shuffle: draw a new permutation of the training set every epoch (seeded by
+            ``seed_everything``, the same on every rank), as ``DDPStrategy``'s sampler does
+            whatever the loader says; ``False`` keeps the dataset's own order.
         lr_scaling: async mode: apply rank ``k``'s gradient with learning rate
             ``lr * b_k / B`` (paper 002 Eq. 5b); ``False`` uses ``lr`` (for ablations).
             Local mode: step rank ``k``'s replica with ``lr * b_k * K / B`` (the linear
@@ -159,24 +168,47 @@ class HeteroStrategy(DDPStrategy):
         perturb_threshold: local mode: perturb only when every replica's L2 norm per
             parameter is below this (``> 0``).
         gamma: local mode: merge momentum in ``[0, 1)``: the merged model is
-            ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 is plain weighted averaging.
+            ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 (default) is plain weighted
+            averaging. ``gamma > 0`` is heavy-ball momentum on the merges: a steady move is
+            amplified up to ``1 / (1 - gamma)`` times (10x at the paper's 0.9), so it needs
+            a learning rate about ``(1 - gamma)`` times the one tuned for ``gamma=0``, many
+            merges (a small ``megabatch_size``) and ``delta=0``; see the README.
         **kwargs: forwarded to :class:`~torch.nn.parallel.DistributedDataParallel`
             (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``.
 
-    The other arguments are those of :class:`~lightning.pytorch.strategies.DDPStrategy`.
-    DDP communication hooks and post-local-SGD cannot be combined with this strategy: it
-    installs its own hook.
+    The positional arguments are those of :class:`~lightning.pytorch.strategies.DDPStrategy`,
+    in its order; the options above are keyword-only. DDP communication hooks and
+    post-local-SGD cannot be combined with this strategy: it installs its own hook.
+
+    The plan is made when Lightning loads the training data at the start of ``fit``, after
+    the optimizers exist. A ``configure_optimizers`` that reads
+    ``trainer.estimated_stepping_batches`` makes Lightning load it earlier, inside ``setup``:
+    that loader gets the real number of steps, and the data is loaded again at the usual
+    point, where the plan is made as in any other run.
     """
 
     strategy_name = "hetero"
 
     def __init__(
         self,
+        accelerator: "pl.accelerators.Accelerator | None" = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable | None = None,
+        ddp_comm_wrapper: Callable | None = None,
+        model_averaging_period: int | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        *,
         mode: Literal["bsp", "async", "local"] = "bsp",
         controller: str | Controller | None = None,
         batch_sizes: str | list[int] = "uniform",
         global_batch_size: int | None = None,
-        min_batch_size: int = 1,
+        min_batch_size: int | None = None,
         max_batch_size: int | list[int] | Literal["auto"] | None = None,
         memory_safety: float = 0.9,
         probe_batch_sizes: list[int] | None = None,
@@ -184,20 +216,13 @@ class HeteroStrategy(DDPStrategy):
         smoothing: float = 0.8,
         adjust_every: Literal["epoch"] | int = "epoch",
         weighted: bool = True,
+        shuffle: bool = True,
         lr_scaling: bool = True,
         rpc_timeout: float = 300.0,
         megabatch_size: int | None = None,
         delta: float = 0.1,
         perturb_threshold: float = 0.1,
-        gamma: float = 0.9,
-        accelerator: "pl.accelerators.Accelerator | None" = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision_plugin: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
-        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        gamma: float = 0.0,
         **kwargs: Any,
     ) -> None:
         if mode not in _MODES:
@@ -216,21 +241,30 @@ class HeteroStrategy(DDPStrategy):
         if not rpc_timeout > 0:
             raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {rpc_timeout}.")
         check_merge_options(delta, gamma, perturb_threshold, megabatch_size, global_batch_size)
-        forbidden = [name for name in _FORBIDDEN_DDP_OPTIONS if kwargs.get(name) is not None]
+        ddp_options = {
+            "ddp_comm_state": ddp_comm_state,
+            "ddp_comm_hook": ddp_comm_hook,
+            "ddp_comm_wrapper": ddp_comm_wrapper,
+            "model_averaging_period": model_averaging_period,
+        }
+        forbidden = [name for name, value in ddp_options.items() if value is not None]
         if forbidden:
             raise ValueError(
                 f"HeteroStrategy installs its own weighted communication hook; {forbidden}"
                 " cannot be combined with it."
             )
-        if not is_count(min_batch_size):
-            raise ValueError(f"`min_batch_size` must be an integer >= 1, got {min_batch_size!r}.")
+        if min_batch_size is not None and not is_count(min_batch_size):
+            raise ValueError(
+                f"`min_batch_size` must be an integer >= 1 or None, got {min_batch_size!r}."
+            )
+        lowest = min_batch_size or 1
         if isinstance(max_batch_size, str) and max_batch_size != "auto":
             raise ValueError(
                 f"`max_batch_size` must be an integer, a list, 'auto' or None, got"
                 f" {max_batch_size!r}."
             )
         uppers = [max_batch_size] if isinstance(max_batch_size, int) else max_batch_size
-        if isinstance(uppers, list) and any(hi < min_batch_size for hi in uppers):
+        if isinstance(uppers, list) and any(hi < lowest for hi in uppers):
             raise ValueError(
                 f"`min_batch_size` ({min_batch_size}) must not exceed `max_batch_size`"
                 f" ({max_batch_size})."
@@ -266,7 +300,7 @@ class HeteroStrategy(DDPStrategy):
                 batch_sizes,
                 size,
                 total=global_batch_size,
-                lower=[min_batch_size] * size,
+                lower=[lowest] * size,
                 upper=expand_bound(max_batch_size, size, sum(batch_sizes))
                 if max_batch_size not in (None, "auto")
                 else None,
@@ -304,6 +338,7 @@ class HeteroStrategy(DDPStrategy):
             **kwargs,
         )
         self.mode = mode
+        self.shuffle = shuffle
         self.controller: Controller = controller
         self.smoothing = smoothing
         self.adjust_every = adjust_every
@@ -339,7 +374,8 @@ class HeteroStrategy(DDPStrategy):
         self._capacities: list[float] | None = None
         self._restored_plan: list[int] | None = None
         self._restored_weights: list[float] | None = None
-        self._user_shuffle: bool | None = None
+        self._optimizers_ready = False  # set-up has built the optimizers
+        self._reload_after_setup = False  # the training data was loaded before that
         self.sampler: GlobalBatchSampler | MegaBatchSampler | PartitionBatchSampler | None = None
         #: Dual batch size learning: the plan being run (``None`` for other controllers).
         self.dual_plan: DualBatchPlan | None = None
@@ -358,8 +394,6 @@ class HeteroStrategy(DDPStrategy):
     @property
     def batch_sizes(self) -> list[int]:
         """The current plan, one batch size per global rank (empty until it is known)."""
-        if isinstance(self.sampler, GlobalBatchSampler):
-            return self.sampler.batch_sizes
         if self._plan is not None:
             return list(self._plan)
         return list(self._initial_plan) if isinstance(self._initial_plan, list) else []
@@ -380,7 +414,9 @@ class HeteroStrategy(DDPStrategy):
             )
         if self._global_batch_size is not None or isinstance(self._initial_plan, list):
             total = self._global_batch_size or sum(self._initial_plan)
-            BatchLimits.build(self.world_size, total, self._min_batch_size, self._upper_bound())
+            BatchLimits.build(self.world_size, total, self._lower_bound(), self._upper_bound())
+        if self.lightning_module is None:
+            return  # a bare strategy, e.g. for its collectives, as DDPStrategy allows
         from lightning_hetero.callback import HeteroCallback
 
         trainer = self.lightning_module.trainer
@@ -410,16 +446,26 @@ class HeteroStrategy(DDPStrategy):
     @override
     def setup(self, trainer: "pl.Trainer") -> None:
         self._timer = CudaStepTimer() if self.root_device.type == "cuda" else HostStepTimer()
-        super().setup(trainer)  # wraps the model in DDP and registers the hook
-        if trainer.state.fn != TrainerFn.FITTING:
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting and self._initial_plan in ("cores", "flops") and self._capacities is None:
+            self._capacities = self._gather_capacities(self._initial_plan)
+        # Wraps the model in DDP, registers the hook and builds the optimizers; a
+        # `configure_optimizers` that reads `trainer.estimated_stepping_batches` makes Lightning
+        # load the training data in here, before the optimizers exist.
+        self._optimizers_ready = False
+        super().setup(trainer)
+        self._optimizers_ready = True
+        if not fitting:
             return
+        if self._reload_after_setup:
+            # that early loader served for its length; the plan is made when Lightning loads
+            # the data again at its usual point, as in any other run
+            self._reload_after_setup = False
+            request_train_reload(trainer)
         if self.mode == "local" or self._dual is not None:
             self._check_uneven_steps_trainer(trainer)
         if self.mode != "bsp":
             self._drop_per_step_broadcast(trainer)
-        if self._initial_plan in ("cores", "flops") and self._capacities is None:
-            self._capacities = self._gather_capacities(self._initial_plan)
-        self._watch_user_shuffle(trainer)
 
     def _gather_capacities(self, kind: str) -> list[float]:
         local = [available_cores(), flops_or_nan(self.root_device) if kind == "flops" else 0.0]
@@ -433,24 +479,6 @@ class HeteroStrategy(DDPStrategy):
                 f" got {flops}. Using CPU cores instead."
             )
         return [row[0] for row in rows]
-
-    def _watch_user_shuffle(self, trainer: "pl.Trainer") -> None:
-        # Lightning replaces the training sampler with DistributedSampler(shuffle=True) before
-        # `process_dataloader` sees the loader; note the user's own choice on the way in.
-        connector = trainer._data_connector
-        prepare = connector._prepare_dataloader
-        if getattr(prepare, "_hetero_wrapped", False):
-            return
-
-        def prepare_and_note_shuffle(
-            dataloader: object, shuffle: bool, mode: RunningStage
-        ) -> object:
-            if mode == RunningStage.TRAINING:
-                self._user_shuffle = _is_dataloader_shuffled(dataloader)
-            return prepare(dataloader, shuffle=shuffle, mode=mode)
-
-        prepare_and_note_shuffle._hetero_wrapped = True  # type: ignore[attr-defined]
-        connector._prepare_dataloader = prepare_and_note_shuffle
 
     @staticmethod
     def _drop_per_step_broadcast(trainer: "pl.Trainer") -> None:
@@ -525,41 +553,21 @@ class HeteroStrategy(DDPStrategy):
         return self._slice_training_loader(dataloader)
 
     def _slice_training_loader(self, loader: DataLoader) -> DataLoader:
-        if isinstance(loader.dataset, IterableDataset):
-            raise TypeError(
-                "HeteroStrategy slices one global permutation per epoch, which needs a map-style"
-                " dataset (with __len__ and __getitem__); an IterableDataset cannot be split by"
-                " rank speed. Wrap the data in a map-style Dataset."
-            )
-        if type(loader.batch_sampler) is not BatchSampler:
-            raise TypeError(
-                "HeteroStrategy builds each rank's batches itself and cannot use a custom"
-                f" `batch_sampler` ({type(loader.batch_sampler).__name__}); pass `batch_size`"
-                " (and `shuffle`, `drop_last`) to the training DataLoader instead."
-            )
-        sampler = loader.sampler
-        if isinstance(sampler, DistributedSampler) and type(sampler) is not DistributedSampler:
-            raise TypeError(
-                f"HeteroStrategy cannot keep the custom sampler {type(sampler).__name__}: it draws"
-                " each sample exactly once per epoch from one shared permutation. Use"
-                " `shuffle=True` or `shuffle=False` on the training DataLoader."
-            )
-        if isinstance(sampler, DistributedSampler):
-            seed = sampler.seed
-            shuffle = sampler.shuffle if self._user_shuffle is None else self._user_shuffle
+        """This rank's view of ``loader``: its slices of one shared permutation per epoch."""
+        seed = self._check_training_loader(loader)
+        if self._plan is None and not self._optimizers_ready:
+            # Loaded inside `setup` (see there): Lightning needs only the number of steps,
+            # which an even split of the same global batch already has.
+            plan = self._provisional_plan(loader)
+            self._reload_after_setup = True
+        elif self._plan is None:
+            plan = self._plan = self._first_plan(loader)
         else:
-            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            shuffle = isinstance(sampler, RandomSampler)
-        if self._plan is None:
-            if self._max_batch_size == "auto" and self.memory_probe is None:
-                self._probe_memory(loader)
-            if self._dual is not None:
-                self._plan = self._plan_dual(loader)
-            else:
-                self._plan = self._resolve_plan(loader.batch_size)
-        elif self._rescale_pending:
-            self._apply_input_scale()
-        epoch_sampler = EpochPermutation(len(loader.dataset), shuffle=shuffle, seed=seed)
+            if self._rescale_pending:
+                self._apply_input_scale()
+            plan = self._plan
+        epoch_sampler = EpochPermutation(len(loader.dataset), shuffle=self.shuffle, seed=seed)
+        lower = self._lower_bound()  # every batch, the last of an epoch or mega-batch too
         if self.dual_plan is not None:
             self.sampler = PartitionBatchSampler(
                 epoch_sampler,
@@ -567,18 +575,29 @@ class HeteroStrategy(DDPStrategy):
                 self.dual_plan.batch_sizes,
                 rank=self.global_rank,
                 drop_last=loader.drop_last,
+                min_batch_size=lower,
             )
         elif self.mode == "local":
-            assert self._cursor is not None and self._limits is not None
-            total = self._limits.global_batch_size
-            megabatch = self.megabatch_size or 10 * total
-            check_merge_options(self.delta, self.gamma, self.perturb_threshold, megabatch, total)
+            assert self._cursor is not None
+            megabatch = self.megabatch_size or 10 * sum(plan)
+            check_merge_options(
+                self.delta, self.gamma, self.perturb_threshold, megabatch, sum(plan)
+            )
             self.sampler = MegaBatchSampler(
-                epoch_sampler, self._cursor, self._plan[self.global_rank], megabatch, self._run_id
+                epoch_sampler,
+                self._cursor,
+                plan[self.global_rank],
+                megabatch,
+                self._run_id,
+                min_batch_size=lower,
             )
         else:
             self.sampler = GlobalBatchSampler(
-                epoch_sampler, self._plan, rank=self.global_rank, drop_last=loader.drop_last
+                epoch_sampler,
+                plan,
+                rank=self.global_rank,
+                drop_last=loader.drop_last,
+                min_batch_sizes=[lower] * self.world_size,
             )
         if type(loader) is not DataLoader:
             rank_zero_warn(
@@ -608,6 +627,75 @@ class HeteroStrategy(DDPStrategy):
                 " must load the same training set."
             )
         return sliced
+
+    def _check_training_loader(self, loader: DataLoader) -> int:
+        """Refuse what one shared permutation cannot serve; returns the shuffling seed."""
+        dataset = loader.dataset
+        if isinstance(dataset, IterableDataset):
+            raise TypeError(
+                f"HeteroStrategy cannot split the training {type(dataset).__name__}: it is an"
+                " IterableDataset, whose samples cannot be indexed, and HeteroStrategy slices one"
+                " permutation of sample indices per epoch by rank speed. Wrap the data in a"
+                " map-style Dataset (with __len__ and __getitem__), or train it with"
+                " strategy='ddp'."
+            )
+        if type(loader.batch_sampler) is not BatchSampler:
+            raise TypeError(
+                "HeteroStrategy builds each rank's batches itself and cannot use the training"
+                f" DataLoader's batch_sampler {type(loader.batch_sampler).__name__}; pass"
+                " `batch_size` (and `drop_last`) to the DataLoader instead, or train with"
+                " strategy='ddp' to keep it."
+            )
+        sampler = loader.sampler
+        # Lightning wraps a custom sampler in a DistributedSamplerWrapper: name the user's own
+        user_sampler = getattr(getattr(sampler, "dataset", None), "_sampler", sampler)
+        if type(sampler) is DistributedSampler:
+            return sampler.seed
+        if type(user_sampler) in (RandomSampler, SequentialSampler):
+            return int(os.environ.get("PL_GLOBAL_SEED", 0))
+        name = type(user_sampler).__name__
+        advice = (
+            " To keep class balancing, weight the loss per class instead (e.g."
+            " `CrossEntropyLoss(weight=...)`) or oversample in the dataset (a map-style Dataset"
+            " that lists rare samples more than once)."
+            if isinstance(user_sampler, WeightedRandomSampler)
+            else " To keep its order, build it into the dataset (a map-style Dataset that"
+            " indexes samples in that order) and pass HeteroStrategy(shuffle=False)."
+        )
+        raise TypeError(
+            f"HeteroStrategy cannot keep the training DataLoader's sampler {name}: it draws each"
+            " sample exactly once per epoch from one permutation shared by all ranks, sliced by"
+            f" rank speed.{advice} Or train with strategy='ddp' to keep {name}."
+        )
+
+    def _provisional_plan(self, loader: DataLoader) -> list[int]:
+        """An even split of this run's global batch, until the first plan is made."""
+        self._base_global = self._global_batch(loader.batch_size)
+        limits = self._scaled_limits()
+        return proportional_split(
+            [1.0] * self.world_size, limits.global_batch_size, limits.min_batch_size
+        )
+
+    def _first_plan(self, loader: DataLoader) -> list[int]:
+        """Probe (``max_batch_size="auto"``, dual batch sizes) and make the first plan."""
+        if self._max_batch_size == "auto" and self.memory_probe is None:
+            self._probe_memory(loader)
+        if self._dual is not None:
+            return self._plan_dual(loader)
+        return self._resolve_plan(loader.batch_size)
+
+    def _refuse_several_training_loaders(self, trainer: "pl.Trainer") -> None:
+        loaders = CombinedLoader(trainer.train_dataloader).flattened
+        if len(loaders) > 1:
+            raise TypeError(
+                f"HeteroStrategy found {len(loaders)} training DataLoaders"
+                f" ({type(trainer.train_dataloader).__name__} of"
+                f" {', '.join(type(dl.dataset).__name__ for dl in loaders)}); it sizes one"
+                " loader's batches by rank speed and weights gradients by that loader's shares,"
+                " which several loaders of their own sizes would get wrong. Return one DataLoader"
+                " from `train_dataloader` (e.g. a ConcatDataset or a Dataset that yields the"
+                " parts of a sample together), or train with strategy='ddp'."
+            )
 
     def _upper_bound(self) -> int | list[int] | None:
         """Per-rank maximums: as given, or as measured by ``max_batch_size="auto"``."""
@@ -704,20 +792,29 @@ class HeteroStrategy(DDPStrategy):
             f" {self.memory_probe['max_batch_sizes']} (probed {result.tried})."
         )
 
+    def _global_batch(self, loader_batch_size: int | None) -> int:
+        """``B`` at input scale 1: as given, the explicit plan's sum, or the loader's times K."""
+        if self._global_batch_size is not None:
+            return self._global_batch_size
+        if isinstance(self._initial_plan, list):
+            return sum(self._initial_plan)
+        if loader_batch_size is None:
+            raise ValueError("Set `global_batch_size` or the training DataLoader's `batch_size`.")
+        return loader_batch_size * self.world_size
+
+    def _lower_bound(self) -> int:
+        """``min_batch_size``; by default 2 for a model with BatchNorm layers, else 1."""
+        if self._min_batch_size is not None:
+            return self._min_batch_size
+        module = self.lightning_module
+        # a batch of one has no variance: BatchNorm refuses to train on it
+        batch_norm = module is not None and any(isinstance(m, _BatchNorm) for m in module.modules())
+        return 2 if batch_norm else 1
+
     def _resolve_plan(self, loader_batch_size: int | None) -> list[int]:
         world_size = self.world_size
         initial = self._initial_plan
-        total = self._global_batch_size
-        if total is None:
-            if isinstance(initial, list):
-                total = sum(initial)
-            elif loader_batch_size is None:
-                raise ValueError(
-                    "Set `global_batch_size` or the training DataLoader's `batch_size`."
-                )
-            else:
-                total = loader_batch_size * world_size
-        self._base_global = total
+        total = self._base_global = self._global_batch(loader_batch_size)
         limits = self._limits = self._scaled_limits()
         total = limits.global_batch_size
         lower, upper = limits.min_batch_size, limits.max_batch_size
@@ -763,7 +860,7 @@ class HeteroStrategy(DDPStrategy):
         if total is None:
             total = round(self._base_global / self._input_scale)
             if self._input_scale != 1:  # a derived batch fits: it gives every rank its minimum
-                lowest = sum(expand_bound(self._min_batch_size, world_size, 1))
+                lowest = sum(expand_bound(self._lower_bound(), world_size, 1))
                 if total < lowest:
                     rank_zero_warn(
                         f"hetero: input scale {self._input_scale:g} makes the global batch"
@@ -773,14 +870,21 @@ class HeteroStrategy(DDPStrategy):
                 if upper is not None:
                     total = min(total, sum(expand_bound(upper, world_size, total)))
         try:
-            return BatchLimits.build(world_size, total, self._min_batch_size, upper)
+            return BatchLimits.build(world_size, total, self._lower_bound(), upper)
         except PlanError as err:
-            if self._max_batch_size != "auto":
-                raise
-            raise PlanError(
-                f"max_batch_size='auto' measured per-rank maximums {upper}; {err} Lower the"
-                " global batch size, or free memory on the ranks."
-            ) from None
+            if self._max_batch_size == "auto":
+                raise PlanError(
+                    f"max_batch_size='auto' measured per-rank maximums {upper}; {err} Lower the"
+                    " global batch size, or free memory on the ranks."
+                ) from None
+            if self._min_batch_size is None and self._lower_bound() > 1:
+                raise PlanError(
+                    f"{err} The model has BatchNorm layers, which cannot train on a batch of one,"
+                    " so every rank gets at least 2 samples (`min_batch_size` defaults to 2 for"
+                    f" such models): raise the global batch size to at least {2 * world_size}"
+                    " (the training DataLoader's `batch_size`, or `global_batch_size`)."
+                ) from None
+            raise
 
     # ---------------------------------------------------------------- dual batch sizes
     def _plan_dual(self, loader: DataLoader) -> list[int]:
@@ -935,8 +1039,7 @@ class HeteroStrategy(DDPStrategy):
         """
         self._restored_plan = [int(b) for b in batch_sizes]
         self._restored_weights = None if weights is None else [float(w) for w in weights]
-        self._plan = None
-        self.sampler = None
+        self._plan = None  # made again from the next training loader
 
     def gather_rows(self, values: Sequence[float]) -> list[list[float]]:
         """All-gather one row of floats per rank; returns the rows in rank order."""
@@ -980,6 +1083,7 @@ class HeteroStrategy(DDPStrategy):
     @override
     def on_train_start(self) -> None:
         super().on_train_start()
+        self._refuse_several_training_loaders(self.lightning_module.trainer)
         if self.mode == "async":
             if self.global_rank == 0:
                 self.server = ParameterServer(
@@ -997,6 +1101,7 @@ class HeteroStrategy(DDPStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
+        self._timer.finish()  # the previous step is over, whether this one is timed or not
         if isinstance(self.sampler, MegaBatchSampler):
             megabatch, local = self.sampler.tags.popleft()
             while self._next_merge < megabatch:
@@ -1027,6 +1132,8 @@ class HeteroStrategy(DDPStrategy):
     @override
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         super().post_backward(closure_loss)
+        # Every backward of a step is timed (manual optimization may run several); the step
+        # ends at its last backward or optimizer step, see `HostStepTimer`.
         if self.mode == "async":
             self._timer.grads_ready()  # the push that follows counts as waiting
         else:
@@ -1041,12 +1148,16 @@ class HeteroStrategy(DDPStrategy):
         **kwargs: Any,
     ) -> Any:
         if self.mode == "bsp":
-            return super().optimizer_step(optimizer, closure, model, **kwargs)
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)
+            self._timer.step_done()  # the optimizer's work counts as compute
+            return output
         if self.mode == "local":
             local, total = self._share
             factor = local * self.world_size / total if self.lr_scaling else 1.0
             with scaled_lr(optimizer, factor):
-                return super().optimizer_step(optimizer, closure, model, **kwargs)
+                output = super().optimizer_step(optimizer, closure, model, **kwargs)
+            self._timer.step_done()
+            return output
         index = self._optimizer_index(optimizer)
 
         def push_instead_of_step(closure: Any = None, **_: Any) -> Any:
@@ -1058,6 +1169,7 @@ class HeteroStrategy(DDPStrategy):
         with _patched(optimizer, {"step": push_instead_of_step}):
             output = super().optimizer_step(optimizer, closure, model, **kwargs)
         optimizer._opt_called = True  # type: ignore[attr-defined]  # LR schedulers check it
+        self._timer.step_done()
         return output
 
     # ---------------------------------------------------------------- async mode
@@ -1145,6 +1257,53 @@ class HeteroStrategy(DDPStrategy):
         # (the note names both, since backward can also fail on its own, e.g. out of memory).
         with self.guarded("backward with its gradient all-reduce"):
             return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def reduce(
+        self,
+        tensor: Any,
+        group: Any | None = None,
+        reduce_op: Any | None = "mean",
+    ) -> Any:
+        """``DDPStrategy.reduce``, with a training step's means weighted by batch size.
+
+        Inside the training loop's batches (where Lightning reduces the step-level values of
+        ``self.log(..., sync_dist=True)``), a mean weights rank ``k`` by the samples of its
+        current batch, ``b_k``: the per-sample mean over the global batch, which is what
+        DDP's plain mean is when every rank has the same batch. Elsewhere (epoch-level values,
+        which Lightning computes as a synced sum over a synced sample count, validation,
+        test) it is DDP's. A reduction during a step counts as waiting, not compute.
+        """
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        with self._timer.waiting():
+            if self._weighs_by_batch(tensor, reduce_op):
+                local = float(self._share[0])  # this step's b_k
+                values = tensor.detach().reshape(-1) * local
+                packed = torch.cat([values, tensor.new_full((1,), local)])
+                torch.distributed.all_reduce(packed, group=group)  # [sum v_k b_k, sum b_k]
+                # in place, as DDPStrategy.reduce
+                return tensor.copy_((packed[:-1] / packed[-1]).view_as(tensor))
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    def _weighs_by_batch(self, tensor: torch.Tensor, reduce_op: Any) -> bool:
+        is_mean = (
+            reduce_op.lower() in ("mean", "avg")
+            if isinstance(reduce_op, str)
+            else reduce_op == torch.distributed.ReduceOp.AVG
+        )
+        if not (is_mean and tensor.is_floating_point() and self.world_size > 1):
+            return False
+        if not torch.distributed.is_initialized() or self.lightning_module is None:
+            return False
+        try:
+            trainer = self.lightning_module.trainer
+        except RuntimeError:  # a module not attached to a Trainer
+            return False
+        # b_k comes from `_share`, set in the strategy's `on_train_batch_start`: a value logged
+        # in a callback's or the module's `on_train_batch_start` (they run before it) gets the
+        # previous batch's weight, which differs only at a plan change.
+        return in_training_batch(trainer)
 
     @override
     def barrier(self, name: str | None = None) -> None:

@@ -142,7 +142,6 @@ def _trainer(tmp_path, epochs, **strategy_kwargs):
         max_epochs=epochs,
         callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True)],
         logger=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
     )

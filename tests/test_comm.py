@@ -35,6 +35,49 @@ def test_backward_without_a_started_step_records_nothing():
     assert timer.collect() == []
 
 
+def test_every_backward_and_the_optimizer_step_are_timed_and_only_all_reduces_wait():
+    # manual optimization: two backwards, each with an all-reduce, then an optimizer step
+    timer = FakeClockTimer([0.0, 1.0, 1.5, 3.5, 4.0, 4.25])
+    timer.start(batch_size=4)
+    timer.grads_ready()  # 1.0
+    timer.backward_done()  # 1.5: waited 0.5
+    timer.grads_ready()  # 3.5: the second backward took 2.0 of compute
+    timer.backward_done()  # 4.0: waited 0.5
+    timer.step_done()  # 4.25
+    assert timer.collect() == [(4, 3.25, 1.0)]
+
+
+def test_a_step_ends_at_its_last_mark_and_later_waits_are_outside_it():
+    timer = FakeClockTimer([0.0, 1.0, 2.0, 2.5, 3.0, 9.0, 9.5])
+    timer.start(batch_size=2)
+    with timer.waiting():  # 1.0 - 2.0: a sync_dist log in training_step
+        pass
+    timer.backward_done()  # 2.5, no hook call: compute
+    timer.step_done()  # 3.0
+    with timer.waiting():  # 9.0 - 9.5: after the step's end (e.g. on_train_batch_end)
+        pass
+    assert timer.collect() == [(2, 2.0, 1.0)]
+
+
+def test_a_step_is_closed_by_the_next_start_and_unmarked_steps_record_nothing():
+    timer = FakeClockTimer([0.0, 1.0, 5.0, 7.0])
+    timer.start(batch_size=3)
+    timer.backward_done()  # 1.0
+    timer.start(batch_size=5)  # 5.0: closes the first step
+    timer.start(batch_size=6)  # 7.0: the second had no backward and no optimizer step
+    timer.finish()
+    assert timer.collect() == [(3, 1.0, 0.0)]
+
+
+def test_marks_outside_a_step_are_ignored():
+    timer = FakeClockTimer([])
+    timer.grads_ready()
+    timer.step_done()
+    with timer.waiting():
+        pass
+    assert timer.collect() == []
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_events_measure_device_work():
@@ -45,5 +88,8 @@ def test_cuda_events_measure_device_work():
         x = x @ x / 4096
     timer.grads_ready()
     timer.backward_done()
+    for _ in range(10):  # work after the backward, e.g. the optimizer step
+        x = x @ x / 4096
+    timer.step_done()
     ((batch_size, compute_s, wait_s),) = timer.collect(synchronize=True)
     assert batch_size == 1 and compute_s > 0 and wait_s >= 0

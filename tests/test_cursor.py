@@ -261,3 +261,14 @@ def test_position_helpers(store: dist.TCPStore) -> None:
         sampler.megabatch_of(25)
     with pytest.raises(IndexError):
         sampler.megabatch_bounds(3)
+
+
+def test_a_short_last_claim_is_padded_to_the_minimum_batch(store: dist.TCPStore) -> None:
+    # 10 samples in one mega-batch, claims of 4: the last claim gets 2, padded to 3
+    epoch = EpochPermutation(10, shuffle=False)
+    sampler = MegaBatchSampler(epoch, client(store), 4, 10, "pad", min_batch_size=3)
+    batches = list(sampler)
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0]]
+    assert [tag.size for tag in sampler.tags] == [4, 4, 3]
+    with pytest.raises(ValueError, match="min_batch_size"):
+        MegaBatchSampler(epoch, client(store), 4, 10, "bad", min_batch_size=11)

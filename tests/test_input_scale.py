@@ -57,7 +57,6 @@ def test_an_explicit_global_batch_wins_and_scale_one_goes_back():
         callbacks=[record],
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
     )

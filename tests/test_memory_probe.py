@@ -484,3 +484,51 @@ def test_preserved_state_restores_after_an_exception_and_other_stateful_objects(
 def test_probe_result_lists_what_ran():
     result = ProbeResult(torch.device("cpu"), 1.0, ((1, 1.0), (2, 2.0)), 4, "MemoryError: x", (8,))
     assert result.succeeded == [1, 2] and result.tried == [1, 2, 4]
+
+
+def test_probe_runs_after_the_optimizers_exist_when_configure_optimizers_loads_the_data():
+    # The OneCycleLR pattern: `estimated_stepping_batches` makes Lightning load the training
+    # data inside strategy set-up, before any optimizer exists.
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+    from torch.utils.data import DataLoader
+
+    from lightning_hetero import HeteroStrategy
+
+    class OneCycle(BoringModel):
+        optimizers_seen: list[int] = []
+
+        def training_step(self, batch, batch_idx):
+            self.optimizers_seen.append(len(self.trainer.strategy.optimizers))
+            return super().training_step(batch, batch_idx)
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.Adam(self.parameters(), lr=0.01)
+            steps = self.trainer.estimated_stepping_batches
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.01, total_steps=steps)
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+            }
+
+        def train_dataloader(self):
+            return DataLoader(RandomDataset(32, 64), batch_size=8)
+
+        def val_dataloader(self):
+            return None
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=HeteroStrategy(max_batch_size="auto"),
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+    )
+    model = OneCycle()
+    trainer.fit(model)
+    probe_steps = len(model.optimizers_seen) - 8  # 8 training steps of 8 samples
+    assert probe_steps > 0 and trainer.strategy.memory_probe is not None
+    assert set(model.optimizers_seen) == {1}  # the probe's steps too: optimizer state counts
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 8

@@ -114,7 +114,6 @@ def _trainer(schedule, epochs, strategy="auto", **kwargs):
         callbacks=[schedule],
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         **kwargs,

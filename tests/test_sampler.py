@@ -48,11 +48,27 @@ def test_full_steps_follow_the_plan_and_tail_is_split_in_proportion():
     assert batches[0][0] == [0, 1] and batches[1][0] == [2, 3, 4, 5]
 
 
-def test_fewer_leftovers_than_ranks_go_to_the_largest_batches_of_the_last_step():
+def test_a_tail_below_the_minimums_is_padded_with_the_first_samples_like_ddp():
     samplers = make_samplers(16 * 2 + 2, [2, 4, 4, 6], shuffle=False)
     batches = epoch_batches(samplers)
-    assert len(samplers[0]) == 2
-    assert [len(b[1]) for b in batches] == [2, 5, 4, 7]
+    assert len(samplers[0]) == 3
+    assert [b[2] for b in batches] == [[32], [33], [0], [1]]
+
+
+def test_no_rank_gets_fewer_than_its_minimum_in_the_tail_step():
+    # 643 samples, 2 ranks of 32, a BatchNorm model (minimum 2): DDP runs this
+    plan, lower = [32, 32], [2, 2]
+    epoch = EpochPermutation(643, shuffle=True, seed=0)
+    samplers = [GlobalBatchSampler(epoch, plan, k, min_batch_sizes=lower) for k in (0, 1)]
+    batches = epoch_batches(samplers)
+    assert [len(b[-1]) for b in batches] == [2, 2]
+    used = [i for rank in batches for batch in rank for i in batch]
+    assert sorted(set(used)) == list(range(643)) and len(used) == 644
+    # enough leftovers: split in proportion, each at least its minimum
+    samplers = make_samplers(16 * 3 + 9, [2, 4, 4, 6], shuffle=False)
+    for sampler in samplers:
+        sampler.min_batch_sizes = [2, 2, 2, 2]
+    assert samplers[0].layout(3) == (48, [2, 2, 2, 3])
 
 
 def test_shuffle_is_shared_across_ranks_and_changes_with_the_epoch():
@@ -150,3 +166,12 @@ def test_plan_change_while_workers_prefetch_keeps_coverage():
     flat = torch.cat([torch.cat(batches) for batches in seen]).tolist()
     assert sorted(flat) == list(range(200))
     assert [len(seen[k][-1]) for k in range(3)] == [2, 6, 12]
+
+
+def test_partition_sampler_pads_a_short_last_batch_to_the_minimum():
+    from lightning_hetero.sampler import PartitionBatchSampler
+
+    epoch = EpochPermutation(10, shuffle=False)
+    sampler = PartitionBatchSampler(epoch, [7, 3], [3, 3], rank=0, min_batch_size=2)
+    assert list(sampler) == [[0, 1, 2], [3, 4, 5], [6, 0]]
+    assert [sampler.size_at(step) for step in range(4)] == [3, 3, 2, 0]

@@ -12,11 +12,12 @@ from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler, Parti
 @st.composite
 def setups(draw):
     n = draw(st.integers(1, 6))
-    total = draw(st.integers(n, 48))
+    lower = draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    total = draw(st.integers(sum(lower), 48))
     weights = draw(st.lists(st.integers(1, 9), min_size=n, max_size=n))
-    plan = proportional_split(weights, total)
+    plan = proportional_split(weights, total, lower)
     num_samples = draw(st.integers(total, 6 * total + 7))
-    return n, plan, num_samples, draw(st.booleans()), draw(st.booleans())
+    return n, plan, lower, num_samples, draw(st.booleans()), draw(st.booleans())
 
 
 def _epoch(samplers, changes):
@@ -40,27 +41,36 @@ def _epoch(samplers, changes):
 
 @given(setups(), st.data())
 def test_each_sample_once_per_epoch_equal_steps_and_plan_sized_batches(setup, data):
-    n, plan, num_samples, shuffle, drop_last = setup
+    n, plan, lower, num_samples, shuffle, drop_last = setup
     total = sum(plan)
     epoch = EpochPermutation(num_samples, shuffle=shuffle, seed=data.draw(st.integers(0, 9)))
-    samplers = [GlobalBatchSampler(epoch, plan, rank, drop_last=drop_last) for rank in range(n)]
+    samplers = [
+        GlobalBatchSampler(epoch, plan, rank, drop_last=drop_last, min_batch_sizes=lower)
+        for rank in range(n)
+    ]
     steps = len(samplers[0])
     changes = []
     for _ in range(data.draw(st.integers(0, 3))):
         at = data.draw(st.integers(0, max(steps - 1, 0)))
         weights = data.draw(st.lists(st.integers(1, 9), min_size=n, max_size=n))
-        changes.append((at, proportional_split(weights, total)))
+        changes.append((at, proportional_split(weights, total, lower)))
     changes.sort(key=lambda change: change[0])
     for number in range(2):  # two epochs: set_epoch draws a new permutation
         epoch.set_epoch(number)
         batches = _epoch(samplers, changes if number == 0 else [])
         assert all(len(b) == steps for b in batches)
+        # no rank trains on fewer samples than its minimum, the tail step included
+        assert all(len(b) >= lo for rank, lo in zip(batches, lower) for b in rank)
         seen = Counter(i for rank in batches for batch in rank for i in batch)
-        assert all(count == 1 for count in seen.values())
+        remainder = num_samples % total
         if drop_last:
-            assert len(seen) == steps * total == num_samples - num_samples % total
+            assert set(seen.values()) == {1}
+            assert len(seen) == steps * total == num_samples - remainder
         else:
             assert sorted(seen) == list(range(num_samples))
+            # only a tail below the minimums' sum is padded, by exactly the missing samples
+            padding = sum(lower) - remainder if 0 < remainder < sum(lower) else 0
+            assert sum(seen.values()) == num_samples + padding
         full_steps = num_samples // total
         for step in range(min(steps, full_steps) - (0 if drop_last else 1)):
             in_force = samplers[0].plan_at(step)

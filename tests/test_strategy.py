@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -6,6 +9,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from lightning_hetero import HeteroCallback, HeteroStrategy
+from lightning_hetero.bench.run import child_env
 from lightning_hetero.planning import (
     Controller,
     PlanError,
@@ -143,6 +147,8 @@ class _Model(BoringModel):
 
 
 def _fit(loader_fn, callbacks=(), **strategy_kwargs):
+    # One-process checks of set-up and data handling: nothing to log or checkpoint. Real
+    # programs with every Lightning default on run in tests/e2e/test_user_programs.py.
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -151,7 +157,6 @@ def _fit(loader_fn, callbacks=(), **strategy_kwargs):
         callbacks=list(callbacks),
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
     )
@@ -166,7 +171,7 @@ class _Stream(IterableDataset):
 
 
 def test_iterable_dataset_is_refused_with_an_explanation():
-    with pytest.raises(TypeError, match="map-style"):
+    with pytest.raises(TypeError, match="training _Stream: it is an IterableDataset.*map-style"):
         _fit(lambda: DataLoader(_Stream(), batch_size=2))
 
 
@@ -175,7 +180,7 @@ def test_user_batch_sampler_is_refused_with_an_explanation():
         pass
 
     data = RandomDataset(32, 16)
-    with pytest.raises(TypeError, match="batch_sampler"):
+    with pytest.raises(TypeError, match="batch_sampler MyBatches"):
         _fit(lambda: DataLoader(data, batch_sampler=MyBatches(SequentialSampler(data), 4, False)))
 
 
@@ -207,7 +212,8 @@ class _BadTimings(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         timer = trainer.strategy._timer
-        timer._pending = [(b, 0.0, self.value, self.value) for b, *_ in timer._pending]
+        timer.finish()  # close this step: pending as (batch_size, start, end, wait segments)
+        timer._pending = [(b, 0.0, self.value, ()) for b, *_ in timer._pending]
 
 
 @pytest.mark.parametrize(
@@ -238,7 +244,7 @@ def test_callback_is_attached_once_and_user_instance_is_kept():
     assert attached == [mine]
 
 
-def test_user_shuffle_false_is_honoured():
+def _epoch_orders(**strategy_kwargs):
     orders = []
 
     class Record(pl.Callback):
@@ -246,9 +252,19 @@ def test_user_shuffle_false_is_honoured():
             orders.append(batch[:, 0].tolist())
 
     data = torch.arange(16, dtype=torch.float32).repeat(32, 1).T.contiguous()
-    _fit(lambda: DataLoader(data, batch_size=4, shuffle=False), callbacks=[Record()])
-    flat = [v for batch in orders for v in batch]
-    assert flat == list(range(16)) * 2
+    _fit(lambda: DataLoader(data, batch_size=4), callbacks=[Record()], **strategy_kwargs)
+    flat = [int(v) for batch in orders for v in batch]
+    return flat[:16], flat[16:]
+
+
+def test_training_set_is_shuffled_every_epoch_as_ddp_does_whatever_the_loader_says():
+    first, second = _epoch_orders()
+    assert sorted(first) == sorted(second) == list(range(16))
+    assert first != list(range(16)) and first != second
+
+
+def test_shuffle_false_keeps_the_dataset_order():
+    assert _epoch_orders(shuffle=False) == (list(range(16)), list(range(16)))
 
 
 def test_plan_length_different_from_world_size_is_refused():
@@ -256,13 +272,38 @@ def test_plan_length_different_from_world_size_is_refused():
         _fit(lambda: DataLoader(RandomDataset(32, 64), batch_size=4), batch_sizes=[4, 4])
 
 
-def test_custom_sampler_is_refused_with_an_explanation():
+@pytest.mark.parametrize("use_distributed_sampler", [True, False])
+def test_weighted_sampler_is_refused_by_name_with_class_balancing_advice(use_distributed_sampler):
     from torch.utils.data import WeightedRandomSampler
 
     data = RandomDataset(32, 16)
     sampler = WeightedRandomSampler([1.0] * 16, num_samples=16)
-    with pytest.raises(TypeError, match="custom sampler"):
-        _fit(lambda: DataLoader(data, batch_size=4, sampler=sampler))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=HeteroStrategy(),
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        use_distributed_sampler=use_distributed_sampler,
+        limit_val_batches=0,
+    )
+    model = _Model(lambda: DataLoader(data, batch_size=4, sampler=sampler))
+    with pytest.raises(TypeError, match="sampler WeightedRandomSampler.*class balancing"):
+        trainer.fit(model)
+
+
+def test_custom_sampler_is_refused_by_name_with_advice_that_keeps_its_order():
+    class EveryOther(torch.utils.data.Sampler):
+        def __iter__(self):
+            return iter(range(0, 16, 2))
+
+        def __len__(self):
+            return 8
+
+    loader = lambda: DataLoader(RandomDataset(32, 16), batch_size=4, sampler=EveryOther())  # noqa: E731
+    with pytest.raises(TypeError, match="sampler EveryOther.*shuffle=False"):
+        _fit(loader)
 
 
 def test_cores_plan_on_one_rank_is_the_whole_global_batch():
@@ -392,3 +433,45 @@ def test_every_controller_is_selectable_by_name(name):
     assert strategy.controller.name == name
     if name != "static":
         assert strategy.controller.deadband == 0.1
+
+
+def test_bare_strategy_sets_up_its_environment_and_takes_ddp_positional_arguments():
+    # Lightning's own tests use a strategy without a LightningModule for its collectives,
+    # built with DDPStrategy's positional arguments.
+    code = """
+import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning_hetero import HeteroStrategy
+
+strategy = HeteroStrategy(CPUAccelerator(), [torch.device("cpu")], LightningEnvironment())
+strategy.setup_environment()
+assert strategy.reduce(torch.tensor(3.0)).item() == 3.0
+strategy.barrier()
+assert strategy.broadcast("x") == "x"
+print("ok")
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env()
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_batchnorm_model_that_would_get_one_sample_per_rank_fails_naming_the_option():
+    class Normed(_Model):
+        def __init__(self, loader_fn):
+            super().__init__(loader_fn)
+            self.layer = torch.nn.Sequential(torch.nn.Linear(32, 2), torch.nn.BatchNorm1d(2))
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=HeteroStrategy(),
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+    )
+    model = Normed(lambda: DataLoader(RandomDataset(32, 16), batch_size=1))
+    with pytest.raises(PlanError, match="BatchNorm.*`min_batch_size` defaults to 2"):
+        trainer.fit(model)

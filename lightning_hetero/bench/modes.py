@@ -91,7 +91,7 @@ def measure_modes(
         for repeat in range(repeats):
             runs: dict[str, Any] = {}
             for name in run_order(configs, repeat):
-                config = {**fields, **catalog[name], "seed": repeat}
+                config = {**fields, **catalog[name], "seed": repeat, "progress_bar": False}
                 run_start = time.perf_counter()
                 try:
                     runs[name] = launch(config, workdir, timeout=timeout)

@@ -59,6 +59,9 @@ class RunConfig:
     validate: bool = True  # validate once after fit
     val_every_epoch: bool = False  # validate after every epoch during fit: accuracy_curve
     result: str | None = None
+    # Lightning's default; benchmarks turn it off (their own bar counts runs, and per-rank
+    # bars in captured output would only interleave)
+    progress_bar: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     # "cpu", or "gpu": every worker shares cuda:0 (gloo, since NCCL refuses two ranks per GPU)
     accelerator: str = "cpu"
@@ -236,7 +239,7 @@ def run(config: RunConfig) -> dict[str, Any]:
         callbacks=callbacks,
         logger=loggers or False,
         enable_checkpointing=bool(config.checkpoint_dir),
-        enable_progress_bar=False,
+        enable_progress_bar=config.progress_bar,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=1.0 if config.val_every_epoch else 0,
@@ -362,7 +365,7 @@ def run_pair(
     for name in ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp"):
         if progress is not None:
             progress.set_postfix_str(f"{label}{name} #{repeat + 1}")
-        run_config = {**config, "strategy": name, "seed": repeat}
+        run_config = {**config, "strategy": name, "seed": repeat, "progress_bar": False}
         if name == "hetero":
             run_config.update(hetero_options or {})
         pair[name] = launch(run_config, workdir, timeout=timeout)

@@ -60,7 +60,8 @@ class BatchLimits:
         if not lower <= self.global_batch_size <= upper:
             raise PlanError(
                 f"The global batch size {self.global_batch_size} must lie between the sum of the"
-                f" per-rank minimums ({lower}) and of the maximums ({upper}) for"
+                f" per-rank minimums (`min_batch_size`: {lower}) and of the maximums"
+                f" (`max_batch_size`: {upper}) for"
                 f" {self.world_size} ranks."
             )
 

@@ -131,7 +131,6 @@ def main() -> None:
         callbacks=callbacks,
         logger=False,
         enable_checkpointing=bool(config.get("ckpt_dir")),
-        enable_progress_bar=False,
         enable_model_summary=False,
     )
     model = Regression(config.get("lr", 0.05), config.get("momentum", 0.0))

@@ -95,7 +95,6 @@ def main() -> None:
         callbacks=callbacks,
         logger=False,
         enable_checkpointing=bool(ckpt_dir),
-        enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,

@@ -56,7 +56,6 @@ def main(out: Path, nodes: int, per_node: int) -> None:
         callbacks=[Throttle(COSTS)],
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
     )
     trainer.fit(model, DataLoader(data, batch_size=PER_RANK_BATCH, shuffle=True))
