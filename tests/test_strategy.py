@@ -146,7 +146,7 @@ class _Model(BoringModel):
         return None
 
 
-def _fit(loader_fn, callbacks=(), **strategy_kwargs):
+def _fit(loader_fn, callbacks=(), model_class=None, trainer_options=None, **strategy_kwargs):
     # One-process checks of set-up and data handling: nothing to log or checkpoint. Real
     # programs with every Lightning default on run in tests/e2e/test_user_programs.py.
     trainer = pl.Trainer(
@@ -159,8 +159,9 @@ def _fit(loader_fn, callbacks=(), **strategy_kwargs):
         enable_checkpointing=False,
         enable_model_summary=False,
         limit_val_batches=0,
+        **(trainer_options or {}),
     )
-    model = _Model(loader_fn)
+    model = (model_class or _Model)(loader_fn)
     trainer.fit(model)
     return trainer
 
@@ -278,19 +279,9 @@ def test_weighted_sampler_is_refused_by_name_with_class_balancing_advice(use_dis
 
     data = RandomDataset(32, 16)
     sampler = WeightedRandomSampler([1.0] * 16, num_samples=16)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        strategy=HeteroStrategy(),
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        use_distributed_sampler=use_distributed_sampler,
-        limit_val_batches=0,
-    )
-    model = _Model(lambda: DataLoader(data, batch_size=4, sampler=sampler))
+    options = {"use_distributed_sampler": use_distributed_sampler}
     with pytest.raises(TypeError, match="sampler WeightedRandomSampler.*class balancing"):
-        trainer.fit(model)
+        _fit(lambda: DataLoader(data, batch_size=4, sampler=sampler), trainer_options=options)
 
 
 def test_custom_sampler_is_refused_by_name_with_advice_that_keeps_its_order():
@@ -463,15 +454,5 @@ def test_batchnorm_model_that_would_get_one_sample_per_rank_fails_naming_the_opt
             super().__init__(loader_fn)
             self.layer = torch.nn.Sequential(torch.nn.Linear(32, 2), torch.nn.BatchNorm1d(2))
 
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        strategy=HeteroStrategy(),
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        limit_val_batches=0,
-    )
-    model = Normed(lambda: DataLoader(RandomDataset(32, 16), batch_size=1))
     with pytest.raises(PlanError, match="BatchNorm.*`min_batch_size` defaults to 2"):
-        trainer.fit(model)
+        _fit(lambda: DataLoader(RandomDataset(32, 16), batch_size=1), model_class=Normed)

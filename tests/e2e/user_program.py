@@ -177,6 +177,7 @@ def main() -> None:
         }
         with open(args.out, "w") as f:
             json.dump(result, f, default=float)
+    torch.distributed.destroy_process_group()  # after our own collective above
 
 
 if __name__ == "__main__":

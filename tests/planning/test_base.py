@@ -46,12 +46,16 @@ def test_min_below_one_raises_plan_error() -> None:
 
 
 def test_global_batch_below_k_times_min_raises_plan_error() -> None:
-    with pytest.raises(PlanError, match=r"global batch size 30 .* minimums \(32\)"):
+    with pytest.raises(
+        PlanError, match=r"global batch size 30 .* minimums \(`min_batch_size`: 32\)"
+    ):
         BatchLimits.build(4, 30, min_batch_size=8)
 
 
 def test_global_batch_above_k_times_max_raises_plan_error() -> None:
-    with pytest.raises(PlanError, match=r"global batch size 40 .* maximums \(32\)"):
+    with pytest.raises(
+        PlanError, match=r"global batch size 40 .* maximums \(`max_batch_size`: 32\)"
+    ):
         BatchLimits.build(4, 40, max_batch_size=8)
 
 
