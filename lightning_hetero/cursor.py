@@ -95,7 +95,7 @@ class MegaBatchSampler(Sampler[list[int]]):
     training, e.g. with ``num_workers > 0``). :attr:`claimed` and
     :attr:`claimed_batches` count this epoch's claims.
 
-    A short last claim of a mega-batch is padded with the mega-batch's first samples up to
+    A short last claim of a mega-batch is padded with the epoch's first samples up to
     ``min_batch_size`` (a BatchNorm layer cannot train on a batch of one).
 
     Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler``, hence the
@@ -187,8 +187,8 @@ class MegaBatchSampler(Sampler[list[int]]):
                 self.claimed_batches += 1
                 batch = positions[base + start : base + stop]
                 padding = self.min_batch_size - len(batch)
-                if padding > 0:
-                    batch += positions[base : base + padding]
+                if padding > 0:  # from the epoch's start: a last mega-batch may be smaller
+                    batch += positions[:padding]
                 self.tags.append(BatchTag(megabatch, len(batch)))
                 yield batch
 

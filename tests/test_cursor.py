@@ -272,3 +272,10 @@ def test_a_short_last_claim_is_padded_to_the_minimum_batch(store: dist.TCPStore)
     assert [tag.size for tag in sampler.tags] == [4, 4, 3]
     with pytest.raises(ValueError, match="min_batch_size"):
         MegaBatchSampler(epoch, client(store), 4, 10, "bad", min_batch_size=11)
+
+
+def test_a_last_mega_batch_smaller_than_the_minimum_is_padded_to_it(store: dist.TCPStore) -> None:
+    # 11 samples in mega-batches of 5: the last holds one sample, the minimum is 3
+    epoch = EpochPermutation(11, shuffle=False)
+    sampler = MegaBatchSampler(epoch, client(store), 5, 5, "small-last", min_batch_size=3)
+    assert list(sampler) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 0, 1]]
