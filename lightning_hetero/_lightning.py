@@ -1,14 +1,40 @@
-"""What lightning_hetero needs from Lightning's loops beyond its public hooks, in one place.
+"""Every use of Lightning's private attributes, in one place.
 
-Each helper says which Lightning behaviour it relies on (checked against lightning 2.6).
+Each helper says which Lightning behaviour it relies on (checked against the versions in
+:data:`SUPPORTED`); :data:`PRIVATE_ATTRIBUTES` lists what they touch, and a test fails loudly
+when a Lightning release drops one of them. A Lightning upgrade touches this file only.
 """
 
 from typing import TYPE_CHECKING
 
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["in_training_batch", "request_train_reload", "settle_logged_metrics"]
+__all__ = [
+    "DDP_SUBCLASS_ATTRIBUTES",
+    "PRIVATE_ATTRIBUTES",
+    "SUPPORTED",
+    "check_own_sigterm_only",
+    "in_training_batch",
+    "request_train_reload",
+    "settle_logged_metrics",
+]
+
+#: The Lightning versions these helpers were checked against (``>=`` floor, ``<`` ceiling).
+SUPPORTED = (">=2.4", "<2.7")
+#: ``(where, attribute)`` for each private attribute used here; ``where`` is a dotted path
+#: from a ``Trainer`` (``""``: the Trainer itself).
+PRIVATE_ATTRIBUTES = (
+    ("fit_loop", "_combined_loader"),
+    ("", "_logger_connector"),
+    ("_logger_connector", "_first_loop_iter"),
+    ("fit_loop.epoch_loop", "_broadcast_sigterm_tensor"),
+)
+#: The second and last place: ``HeteroStrategy`` subclasses ``DDPStrategy`` and overrides or
+#: reads these of its protected members (its subclassing surface, not a loop's internals).
+DDP_SUBCLASS_ATTRIBUTES = ("_setup_model", "_register_ddp_hooks", "_layer_sync", "_timeout")
 
 
 def settle_logged_metrics(trainer: "pl.Trainer") -> None:
@@ -46,3 +72,21 @@ def in_training_batch(trainer: "pl.Trainer") -> bool:
     """
     connector = getattr(trainer, "_logger_connector", None)
     return trainer.training and getattr(connector, "_first_loop_iter", None) is not None
+
+
+def check_own_sigterm_only(trainer: "pl.Trainer") -> None:
+    """Stop Lightning from broadcasting rank 0's SIGTERM flag before every training step.
+
+    Lightning >= 2.6 runs that broadcast (``_TrainingEpochLoop._broadcast_sigterm_tensor``), a
+    collective that ties every rank to rank 0's pace and deadlocks ranks that make different
+    numbers of steps. Each rank checks its own flag instead.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    if not hasattr(loop, "_broadcast_sigterm_tensor"):
+        return  # Lightning < 2.6 has no such broadcast
+
+    def check_own_sigterm() -> None:
+        if getattr(trainer, "received_sigterm", False):
+            raise SIGTERMException()
+
+    loop._broadcast_sigterm_tensor = check_own_sigterm

@@ -92,7 +92,15 @@ class Throttle(Callback):
     def on_before_backward(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Any
     ) -> None:
+        self._sleep(trainer, self._batch_size)
+
+    def emulate_step(self, trainer: "pl.Trainer", batch: Any) -> None:
+        """Sleep what a step on ``batch`` costs this rank now: what a probe that times
+        training steps outside the loop adds to each, as the loop's hooks would."""
+        self._sleep(trainer, extract_batch_size(batch))
+
+    def _sleep(self, trainer: "pl.Trainer", batch_size: int) -> None:
         when = trainer.current_epoch if self.unit == "epoch" else trainer.global_step
-        delay = self.cost(trainer.global_rank, when) * self._batch_size
+        delay = self.cost(trainer.global_rank, when) * batch_size
         if delay > 0:
             time.sleep(delay)

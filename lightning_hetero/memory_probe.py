@@ -49,8 +49,10 @@ from typing import Any
 import psutil
 import torch
 
+import lightning_hetero._cgroup as _cgroup  # not `from lightning_hetero import`: see _namespaces
 from lightning_hetero.planning.memory import MemoryModel
 from lightning_hetero.planning.split import PlanError
+from lightning_hetero.resources import reset_peak_memory
 
 __all__ = [
     "ProbeResult",
@@ -70,8 +72,6 @@ _OUT_OF_MEMORY_MARKERS = (
     "not enough memory",
     "cublas_status_alloc_failed",
 )
-# cgroup v1 reports "no limit" as a huge number near 2**63.
-_CGROUP_V1_UNLIMITED = 2**60
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def cuda_budget_bytes(device: torch.device) -> float:
     return float(free + cached)
 
 
-def host_budget_bytes(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float:
+def host_budget_bytes(cgroup_root: Path = _cgroup.DEFAULT_ROOT) -> float:
     """Bytes this process can still gain in host memory without swapping or being killed.
 
     The host's available memory, capped by the headroom of the process's memory
@@ -366,7 +366,7 @@ class _CudaPeak:
         return cuda_budget_bytes(self.device)
 
     def measure(self, step: Callable[[int], object], size: int) -> float:
-        torch.cuda.reset_peak_memory_stats(self.device)
+        reset_peak_memory(self.device)
         step(size)
         torch.cuda.synchronize(self.device)
         return float(torch.cuda.max_memory_allocated(self.device) - self.baseline_bytes)
@@ -487,32 +487,21 @@ def _lifetime_peak_rss() -> int:
 
 
 def _cgroup_memory_headroom(root: Path) -> float | None:
-    """Memory the process's cgroup may still gain, or ``None`` when it has no limit."""
-    v2_limit = root / "memory.max"
-    if v2_limit.is_file():
-        limit_text = v2_limit.read_text().strip()
-        if limit_text == "max":
-            return None
-        usage = int((root / "memory.current").read_text())
-        inactive = _memory_stat(root / "memory.stat", "inactive_file")
-        return max(0.0, float(int(limit_text) - (usage - inactive)))
-    v1 = root / "memory"
-    if (v1 / "memory.limit_in_bytes").is_file():
-        limit = int((v1 / "memory.limit_in_bytes").read_text())
-        if limit >= _CGROUP_V1_UNLIMITED:
-            return None
-        usage = int((v1 / "memory.usage_in_bytes").read_text())
-        inactive = _memory_stat(v1 / "memory.stat", "total_inactive_file")
-        return max(0.0, float(limit - (usage - inactive)))
-    return None
-
-
-def _memory_stat(path: Path, key: str) -> int:
-    """One counter of a cgroup ``memory.stat`` file, 0 when missing."""
-    if not path.is_file():
-        return 0
-    for line in path.read_text().splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            return int(value)
-    return 0
+    """Memory the process's cgroup may still gain, or ``None`` when it has no limit or the
+    usage is unknown."""
+    found = _cgroup.controller_dir("memory", root)
+    if found is None:
+        return None
+    if found.version == 2:
+        names = ("memory.max", "memory.current", "inactive_file")
+    else:
+        names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    limit_file, usage_file, inactive_key = names
+    limit = _cgroup.read_limit(found.path / limit_file)
+    if limit is None:
+        return None
+    usage = _cgroup.read_int(found.path / usage_file)
+    if usage is None:
+        return None
+    inactive = _cgroup.read_stat(found.path / "memory.stat", inactive_key) or 0
+    return max(0.0, float(limit - (usage - inactive)))

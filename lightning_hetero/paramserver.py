@@ -23,6 +23,7 @@ import torch.distributed.rpc as rpc
 from torch.optim import Optimizer
 
 from lightning_hetero._optim import optimizer_params, scaled_lr
+from lightning_hetero.collectives import is_timeout
 
 __all__ = ["ParameterServer", "PushResult", "ServerClient", "free_port", "worker_name"]
 
@@ -269,7 +270,7 @@ class ServerClient:
         try:
             return rpc.rpc_sync(worker_name(0), function, args=args, timeout=self.timeout)
         except RuntimeError as err:
-            if "timeout" in str(err).lower() or "timed out" in str(err).lower():
+            if is_timeout(err):
                 raise RuntimeError(
                     f"hetero: rank {self.rank}: the parameter server (rank 0) did not answer a"
                     f" {what} within rpc_timeout={self.timeout:g} s. Raise `rpc_timeout` if the"

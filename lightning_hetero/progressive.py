@@ -10,7 +10,7 @@ import copy
 import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -27,9 +27,6 @@ from typing_extensions import override
 
 from lightning_hetero._lightning import request_train_reload
 from lightning_hetero.planning.split import is_count
-
-if TYPE_CHECKING:
-    from lightning_hetero.strategy import HeteroStrategy
 
 __all__ = ["ProgressiveSchedule", "Stage", "SubStage"]
 
@@ -227,7 +224,7 @@ class ProgressiveSchedule(Callback):
         owner.on_after_batch_transfer = on_after_batch_transfer
         self._owner = owner
         if (
-            not isinstance(trainer.strategy, _hetero())
+            not _plans_batches(trainer.strategy)
             and any(p.sub.batch_size is not None for p in self._phases)
             and not lightning_hasattr(pl_module, "batch_size")
         ):
@@ -294,7 +291,7 @@ class ProgressiveSchedule(Callback):
         first = self._applied is None
         self._applied = wanted
         strategy = trainer.strategy
-        if isinstance(strategy, _hetero()):
+        if _plans_batches(strategy):
             strategy.set_input_scale(*wanted)  # rebuilds the loader when needed
             return
         if first and lightning_hasattr(pl_module, "batch_size"):
@@ -355,13 +352,13 @@ class ProgressiveSchedule(Callback):
         if phase.lr is not None:
             metrics["progressive/lr"] = phase.lr
         strategy = trainer.strategy
-        if isinstance(strategy, _hetero()) and strategy.limits is not None:
+        if _plans_batches(strategy) and strategy.limits is not None:
             metrics["progressive/batch_size"] = float(strategy.limits.global_batch_size)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 
 
-def _hetero() -> type["HeteroStrategy"]:
-    from lightning_hetero.strategy import HeteroStrategy
-
-    return HeteroStrategy
+def _plans_batches(strategy: Any) -> bool:
+    """Whether ``strategy`` plans the batch itself (it takes ``set_input_scale``, as
+    :class:`~lightning_hetero.HeteroStrategy` does)."""
+    return callable(getattr(strategy, "set_input_scale", None))

@@ -8,26 +8,32 @@ from pathlib import Path
 import psutil
 import torch
 
-__all__ = ["ResourceMeter", "available_cores", "flops_or_nan", "gpu_flops"]
+import lightning_hetero._cgroup as _cgroup  # not `from lightning_hetero import`: see _namespaces
+
+__all__ = [
+    "ResourceMeter",
+    "available_cores",
+    "flops_or_nan",
+    "gpu_flops",
+    "reset_peak_memory",
+]
 
 
-def _cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+def _cgroup_cpu_limit(root: Path = _cgroup.DEFAULT_ROOT) -> float | None:
     """CPU quota of this process's cgroup in cores, or ``None`` when unlimited or unknown."""
-    v2 = root / "cpu.max"
-    if v2.is_file():
-        quota, _, period = v2.read_text().strip().partition(" ")
-        if quota != "max" and period:
-            return int(quota) / int(period)
+    found = _cgroup.controller_dir("cpu", root)
+    if found is None:
         return None
-    quota_file, period_file = root / "cpu" / "cpu.cfs_quota_us", root / "cpu" / "cpu.cfs_period_us"
-    if quota_file.is_file() and period_file.is_file():
-        quota = int(quota_file.read_text())
-        if quota > 0:
-            return quota / int(period_file.read_text())
-    return None
+    if found.version == 2:  # cpu.max: "<quota> <period>", quota "max" when unlimited
+        quota = _cgroup.read_limit(found.path / "cpu.max")
+        period = _cgroup.read_int(found.path / "cpu.max", field=1)
+    else:  # quota -1 when unlimited
+        quota = _cgroup.read_limit(found.path / "cpu.cfs_quota_us")
+        period = _cgroup.read_int(found.path / "cpu.cfs_period_us")
+    return quota / period if quota and period else None
 
 
-def available_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float:
+def available_cores(cgroup_root: Path = _cgroup.DEFAULT_ROOT) -> float:
     """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota.
 
     Ranks that share a machine share its cores; each rank reports what its own
@@ -61,6 +67,20 @@ def gpu_flops(device: torch.device) -> float:
     finally:
         pynvml.nvmlShutdown()
     return float(props.multi_processor_count * clock_mhz)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Reset the peak-memory counter that :class:`ResourceMeter` and the memory probe read.
+
+    On a CUDA device: the caching allocator's peak statistics
+    (``torch.cuda.reset_peak_memory_stats``), so that the next
+    ``max_memory_reserved``/``max_memory_allocated`` count from now. On any other device
+    nothing: :class:`ResourceMeter` reads no peak there (it reads the host's memory in use
+    now), and the memory probe's host path resets the kernel's peak-RSS mark itself
+    before each step it measures.
+    """
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def flops_or_nan(device: torch.device) -> float:
@@ -107,7 +127,7 @@ class ResourceMeter:
             free, total = torch.cuda.mem_get_info(self.device)
             reserved = torch.cuda.memory_reserved(self.device)
             peak = torch.cuda.max_memory_reserved(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+            reset_peak_memory(self.device)
             memory_used = min(1.0, (total - free - reserved + peak) / total)
         else:
             memory_used = 1.0 - memory_available

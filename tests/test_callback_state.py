@@ -3,6 +3,7 @@
 import math
 import socket
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
@@ -14,12 +15,14 @@ from torch.utils.data import DataLoader
 
 from lightning_hetero import HeteroCallback, HeteroStrategy
 from lightning_hetero.callback import STATE_VERSION, _migrate
-from lightning_hetero.planning import BatchLimits
+from lightning_hetero.plan_state import PlanState
+from lightning_hetero.planning import BatchLimits, ProportionalController
 from lightning_hetero.planning.faults import (
     RankIdentity,
     held_at_minimum,
     weights_for_new_world,
 )
+from lightning_hetero.replan import Replanner
 
 A0, A1, B0, C0 = (RankIdentity(h, r) for h, r in (("a", 0), ("a", 1), ("b", 0), ("c", 0)))
 
@@ -71,21 +74,20 @@ def test_held_at_minimum_needs_every_throughput_and_one_entry_per_rank():
 
 
 def test_the_held_rank_is_warned_about_once():
-    callback = HeteroCallback()
-    callback._samples_per_s = [370.0, 370.0, 380.0, 12.0]
-    strategy = SimpleNamespace(
-        batch_sizes=[37, 37, 38, 16],
-        limits=BatchLimits.build(4, 128, min_batch_size=16),
-        dual_plan=None,
-    )
+    # the re-planner's check (it was HeteroCallback._check_minimum before the re-planner)
+    state = PlanState(plan=[37, 37, 38, 16], limits=BatchLimits.build(4, 128, min_batch_size=16))
+    host = SimpleNamespace(plan_state=state, training_mode=SimpleNamespace(fixed_plan=False))
+    replanner = Replanner(host, ProportionalController(), smoothing=0.8, adjust_every="epoch")
+    replanner._samples_per_s = [370.0, 370.0, 380.0, 12.0]
     with pytest.warns(UserWarning, match=r"rank 3 is held at min_batch_size=16.*removing it"):
-        assert callback._check_minimum(strategy) == [3]
+        assert replanner._check_minimum() == [3]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert callback._check_minimum(strategy) == [3]  # still held, not warned again
+        assert replanner._check_minimum() == [3]  # still held, not warned again
         # a dual plan pins every rank's batch on purpose: nothing to report
-        strategy.dual_plan = object()
-        assert HeteroCallback()._check_minimum(strategy) == []
+        host.training_mode.fixed_plan = True
+        replanner._warned_minimum.clear()
+        assert replanner._check_minimum() == []
 
 
 # ---------------------------------------------------------------- versions
@@ -228,3 +230,43 @@ def test_a_resume_keeps_the_saved_throughput_of_a_rank_that_runs_where_it_ran(
         assert rank["samples_per_s"] == 123.0
     else:  # another place: its old speed says nothing about this rank
         assert math.isnan(rank["samples_per_s"])
+
+
+# ---------------------------------------------------------------- a file from the last release
+RELEASE_CHECKPOINT = Path(__file__).parent / "data" / "release_0.1.0_lbbsp.ckpt"
+
+
+def test_a_checkpoint_written_by_the_previous_release_resumes(tmp_path):
+    """``release_0.1.0_lbbsp.ckpt`` was written by lightning_hetero before training modes
+    became objects (``tests/data/make_release_checkpoint.py``, run on that release): one rank,
+    the lbbsp controller, a boundary every 2 batches, 2 epochs of 4 batches."""
+    saved = torch.load(RELEASE_CHECKPOINT, weights_only=False)["callbacks"]["HeteroCallback"]
+    seen = {}
+
+    class _Look(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen["controller"] = trainer.strategy.controller.state_dict()
+            seen["history"] = list(trainer.strategy.history)
+
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=HeteroStrategy(controller="lbbsp", adjust_every=2),
+        max_epochs=3,
+        callbacks=[_Look()],
+        logger=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*starts fresh")  # the controller is kept
+        trainer.fit(_Model(), ckpt_path=RELEASE_CHECKPOINT)
+    assert seen["controller"] == saved["controller"]
+    assert seen["history"] == saved["history"]
+    history = trainer.strategy.history
+    assert len(history) == len(saved["history"]) + 2  # one more epoch of 4 batches
+    assert [entry["epoch"] for entry in history[-2:]] == [2, 2]
+    assert trainer.strategy.batch_sizes == saved["batch_sizes"] == [8]
+    callback = next(cb for cb in trainer.callbacks if isinstance(cb, HeteroCallback))
+    state = callback.state_dict()
+    assert state["batches"] == saved["batches"] + 4 and state["version"] == STATE_VERSION

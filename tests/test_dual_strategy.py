@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from lightning_hetero import HeteroStrategy
+from lightning_hetero._data import refuse_step_counting
 from lightning_hetero.planning import PlanError
 from lightning_hetero.planning.dual import DualBatchController
 from lightning_hetero.sampler import EpochPermutation, PartitionBatchSampler
@@ -32,10 +33,10 @@ def test_step_counted_trainer_options_are_refused_with_dual(trainer, named):
     options = dict(max_steps=-1, limit_train_batches=1.0, val_check_interval=1.0)
     strategy = HeteroStrategy(mode="async", controller="dual")
     with pytest.raises(ValueError, match=f"controller='dual'.*remove {named}"):
-        strategy._check_uneven_steps_trainer(SimpleNamespace(**{**options, **trainer}))
+        refuse_step_counting(SimpleNamespace(**{**options, **trainer}), strategy.training_mode.option_text())
     local = HeteroStrategy(mode="local")
     with pytest.raises(ValueError, match=f"mode='local'.*remove {named}"):
-        local._check_uneven_steps_trainer(SimpleNamespace(**{**options, **trainer}))
+        refuse_step_counting(SimpleNamespace(**{**options, **trainer}), local.training_mode.option_text())
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

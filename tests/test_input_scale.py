@@ -105,9 +105,9 @@ def test_a_restored_plan_for_another_global_batch_keeps_its_proportions():
     strategy = HeteroStrategy(cluster_environment=environment)
     strategy.restore_plan([12, 36])  # saved in a sub-stage with another input scale
     strategy.set_input_scale(0.5)  # this run starts at twice the batch of the loader's 2 x 8
-    assert strategy._resolve_plan(loader_batch_size=8) == [8, 24]
+    assert strategy.plan_state.resolve(8, strategy.world_size) == [8, 24]
     strategy.restore_plan([8, 24])
-    assert strategy._resolve_plan(loader_batch_size=8) == [8, 24]  # same total: kept as is
+    assert strategy.plan_state.resolve(8, strategy.world_size) == [8, 24]  # same total: kept as is
 
 
 def _two_ranks(**kwargs) -> HeteroStrategy:
@@ -121,11 +121,11 @@ def _two_ranks(**kwargs) -> HeteroStrategy:
 def test_an_explicit_plan_keeps_its_proportions_at_another_scale():
     strategy = _two_ranks(batch_sizes=[8, 24])
     strategy.set_input_scale(0.5)  # twice the global batch, split as the plan says
-    assert strategy._resolve_plan(loader_batch_size=None) == [16, 48]
+    assert strategy.plan_state.resolve(None, strategy.world_size) == [16, 48]
 
 
 def test_a_derived_global_batch_never_falls_below_the_minimums():
     strategy = _two_ranks(batch_sizes=[2, 2], min_batch_size=2)
     strategy.set_input_scale(4.0)  # 4 / 4 = 1 sample, but each rank needs 2
     with pytest.warns(UserWarning, match="below the per-rank minimums' sum; using 4"):
-        assert strategy._resolve_plan(loader_batch_size=None) == [2, 2]
+        assert strategy.plan_state.resolve(None, strategy.world_size) == [2, 2]

@@ -252,6 +252,26 @@ def test_host_budget_without_a_limit_is_the_available_memory(tmp_path, monkeypat
     assert host_budget_bytes(tmp_path) == 3 * 2**30  # unreadable: ignored
 
 
+def test_host_budget_ignores_a_v1_limit_that_means_unlimited_or_an_unknown_usage(
+    tmp_path, monkeypatch
+):
+    class Available:
+        available = 3 * 2**30
+
+    monkeypatch.setattr(memory_probe.psutil, "virtual_memory", lambda: Available)
+    write_files(tmp_path, {"memory/memory.limit_in_bytes": f"{2**63 - 4096}\n"})
+    assert host_budget_bytes(tmp_path) == 3 * 2**30  # v1's "no limit"
+    write_files(tmp_path, {"memory/memory.limit_in_bytes": f"{MIB}\n"})
+    assert host_budget_bytes(tmp_path) == 3 * 2**30  # no usage file: unknown
+    write_files(tmp_path, {"memory/memory.usage_in_bytes": f"{MIB // 4}\n"})
+    assert host_budget_bytes(tmp_path) == 0.75 * MIB  # no memory.stat: no inactive cache
+
+
+def test_host_budget_v2_without_memory_stat_counts_all_usage(tmp_path):
+    write_files(tmp_path, {"memory.max": f"{4 * MIB}\n", "memory.current": f"{MIB}\n"})
+    assert host_budget_bytes(tmp_path) == 3 * MIB
+
+
 # ---------------------------------------------------------------- CUDA logic on a fake device
 
 

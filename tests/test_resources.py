@@ -31,6 +31,25 @@ def test_no_cgroup_means_affinity_only(tmp_path, monkeypatch):
     assert resources.available_cores(tmp_path / "missing") == 5.0
 
 
+def test_cgroup_v1_without_quota_or_with_missing_files_leaves_the_affinity(tmp_path, monkeypatch):
+    monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("50000\n")
+    assert resources.available_cores(tmp_path) == 3.0  # no period file
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert resources.available_cores(tmp_path) == 0.5
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert resources.available_cores(tmp_path) == 3.0
+
+
+def test_cgroup_v2_quota_without_a_period_or_garbage_leaves_the_affinity(tmp_path, monkeypatch):
+    monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: {0, 1})
+    (tmp_path / "cpu.max").write_text("50000\n")
+    assert resources.available_cores(tmp_path) == 2.0
+    (tmp_path / "cpu.max").write_text("garbage 100000\n")
+    assert resources.available_cores(tmp_path) == 2.0
+
+
 def test_flops_are_nan_off_cuda_so_every_rank_falls_back_to_cores():
     assert math.isnan(resources.flops_or_nan(torch.device("cpu")))
 
@@ -49,6 +68,30 @@ def test_resource_meter_reads_fractions_on_cpu():
     assert 0.0 <= cpu_available <= 1.0
     assert 0.0 < memory_available < 1.0
     assert used == pytest.approx(1.0 - memory_available)
+
+
+def test_reset_peak_memory_resets_the_cuda_peak_and_nothing_on_cpu(monkeypatch):
+    resets = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", resets.append)
+    resources.reset_peak_memory(torch.device("cpu"))
+    assert resets == []
+    resources.reset_peak_memory(torch.device("cuda", 1))
+    assert resets == [torch.device("cuda", 1)]
+
+
+def test_resource_meter_reads_the_cuda_peak_then_resets_it(monkeypatch):
+    events = []
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (6 * gib, 10 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 1 * gib)
+    monkeypatch.setattr(
+        torch.cuda, "max_memory_reserved", lambda device: events.append("peak") or 3 * gib
+    )
+    monkeypatch.setattr(resources, "reset_peak_memory", lambda device: events.append(device))
+    meter = resources.ResourceMeter(torch.device("cuda", 0))
+    used, _, _ = meter.read()
+    assert used == pytest.approx((10 - 6 - 1 + 3) / 10)  # others' use now plus this peak
+    assert events == ["peak", torch.device("cuda", 0)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -212,7 +212,7 @@ class _BadTimings(pl.Callback):
         self.value = value
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        timer = trainer.strategy._timer
+        timer = trainer.strategy.timer
         timer.finish()  # close this step: pending as (batch_size, start, end, wait segments)
         timer._pending = [(b, 0.0, self.value, ()) for b, *_ in timer._pending]
 
@@ -415,7 +415,7 @@ def test_cli_controller_object_with_its_own_options():
     strategy = cli.trainer.strategy
     assert isinstance(strategy.controller, LBBSPController)
     assert strategy.controller.predictor == "narx"
-    assert strategy._max_batch_size == "auto"
+    assert strategy.plan_state.max_batch_size == "auto"
 
 
 @pytest.mark.parametrize("name", ["proportional", "lbbsp", "stepwise", "updates", "static"])

@@ -20,19 +20,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
+from lightning_hetero.bench._extra import exit_without_extra
 
-from lightning_hetero.bench.dual import DUAL_CONFIGS, dual_configs
-from lightning_hetero.bench.modes import CONFIGS, measure_modes, modes_report
-from lightning_hetero.bench.run import run_pair
-from lightning_hetero.bench.simulate import (
+if __name__ == "__main__":  # a core install: say what to install, before importing it
+    exit_without_extra("python -m lightning_hetero.bench")
+
+from tqdm import tqdm  # noqa: E402
+
+from lightning_hetero.bench.dual import DUAL_CONFIGS, dual_configs  # noqa: E402
+from lightning_hetero.bench.modes import CONFIGS, measure_modes, modes_report  # noqa: E402
+from lightning_hetero.bench.run import run_pair  # noqa: E402
+from lightning_hetero.bench.simulate import (  # noqa: E402
     DEFAULT_CONTROLLERS,
     predictor_table,
     simulate_report,
     split_spec,
 )
-from lightning_hetero.planning import HETEROGENEITY_LEVELS, SimulationResult, ideal_speedup
-from lightning_hetero.planning.scenarios import SCENARIOS
+from lightning_hetero.planning import HETEROGENEITY_LEVELS, SimulationResult, ideal_speedup  # noqa: E402
+from lightning_hetero.planning.scenarios import SCENARIOS  # noqa: E402
 
 #: Columns of the report, with how each is printed.
 COLUMNS = {

@@ -25,10 +25,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
+from lightning_hetero.bench._extra import exit_without_extra
 
-from lightning_hetero.bench.run import child_env, run_pair
-from lightning_hetero.planning import ideal_speedup
+if __name__ == "__main__":  # a core install: say what to install, before importing it
+    exit_without_extra("python -m lightning_hetero.bench.mps")
+
+from tqdm import tqdm  # noqa: E402
+
+from lightning_hetero.bench.run import child_env, run_pair  # noqa: E402
+from lightning_hetero.planning import ideal_speedup  # noqa: E402
 
 __all__ = ["device_readings", "measure", "mps_daemon", "report"]
 

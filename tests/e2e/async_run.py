@@ -135,7 +135,7 @@ def main() -> None:
     )
     model = Regression(config.get("lr", 0.05), config.get("momentum", 0.0))
     trainer.fit(model, ckpt_path=config.get("resume"))
-    pushes = strategy.gather_rows([strategy._pushes])
+    pushes = strategy.gather_rows([getattr(strategy.training_mode, "pushes", 0)])
     if trainer.global_rank == 0:
         report = {
             "weight": model.layer.weight.detach().flatten().tolist(),

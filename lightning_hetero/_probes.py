@@ -1,0 +1,159 @@
+"""Real training steps outside the loop, to measure memory and time before the first plan.
+
+What a step costs besides forward, backward and the optimizer is injected by the caller:
+the mode's (e.g. a parameter-server push) and the emulation's (e.g.
+:class:`~lightning_hetero.emulate.Throttle`'s delay), so nothing here knows either.
+"""
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader
+
+from lightning_hetero._optim import patched
+from lightning_hetero.memory_probe import auto_max_batch_size, preserved_state
+from lightning_hetero.planning import probe_sizes
+from lightning_hetero.planning.dual import TimeModel
+from lightning_hetero.resources import reset_peak_memory
+
+__all__ = ["StepProbe"]
+
+
+class StepProbe:
+    """Runs training steps of chosen sizes on ``loader``'s first samples.
+
+    Args:
+        host: the strategy (its module, optimizers, device, collectives).
+        loader: the training loader.
+        emulation: called with each timed step's batch before its backward (an emulated
+            slower device's delay).
+        extra: called with the module after each timed step's backward (the mode's
+            per-step work, e.g. a push's round trip).
+    """
+
+    def __init__(
+        self,
+        host: Any,
+        loader: DataLoader,
+        emulation: Sequence[Callable[[Any], None]] = (),
+        extra: Callable[[torch.nn.Module], None] | None = None,
+    ) -> None:
+        self.host = host
+        self.loader = loader
+        self.emulation = emulation
+        self.extra = extra
+
+    @contextmanager
+    def steps(self, what: str, instead: str = "") -> Iterator[Callable[..., None]]:
+        """Yield ``step(batch_size, timed=False)``, one real training step outside the loop.
+
+        Model, optimizer and random state are put back afterwards and logging is silenced;
+        ``instead`` completes the error for manual optimization with an alternative.
+        ``timed=True`` runs what a worker's step costs without stepping the optimizer:
+        forward, backward with the emulation's delay, and the mode's extra work.
+        """
+        host, loader = self.host, self.loader
+        module = host.lightning_module
+        if not module.automatic_optimization:
+            raise ValueError(
+                f"{what} runs training steps itself and needs automatic optimization{instead}."
+            )
+        dataset = loader.dataset
+        optimizers = [*host.optimizers, *(c.scheduler for c in host.lr_scheduler_configs)]
+
+        def step(batch_size: int, timed: bool = False) -> None:
+            batch = loader.collate_fn([dataset[i] for i in range(batch_size)])
+            batch = host.batch_to_device(batch)
+            with host.precision_plugin.train_step_context():
+                output = module.training_step(batch, 0)
+            loss = output["loss"] if isinstance(output, dict) else output
+            if not isinstance(loss, torch.Tensor):
+                raise ValueError(
+                    f"{what} needs `training_step` to return the loss (or a dict with 'loss'),"
+                    f" got {type(output).__name__}."
+                )
+            if timed:
+                for emulate in self.emulation:
+                    emulate(batch)
+            loss.backward()
+            if timed and self.extra is not None:
+                self.extra(module)
+            for optimizer in host.optimizers:
+                if not timed:
+                    optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+        quiet = {"log": lambda *a, **k: None, "log_dict": lambda *a, **k: None}
+        with preserved_state(module, optimizers), patched(module, quiet):
+            yield step
+
+    def memory(self, total: int, sizes: Sequence[int] | None, safety: float) -> dict[str, Any]:
+        """``max_batch_size="auto"``: each rank's memory bound, gathered from all ranks.
+
+        ``total``: the global batch (the largest size worth probing); ``sizes``: the sizes
+        to probe (default: a few doubling up to ``total``).
+        """
+        host = self.host
+        largest = min(total, len(self.loader.dataset))  # type: ignore[arg-type]
+        sizes = sizes or probe_sizes(largest)
+        device = host.root_device
+        devices = host.parallel_devices or [device]
+        # ranks sharing what the probe measures: the GPU on CUDA, the host's memory on CPU
+        share = sum(d == device for d in devices) if device.type == "cuda" else len(devices)
+        instead = "; set `max_batch_size` explicitly with manual optimization"
+        with self.steps("max_batch_size='auto'", instead) as step:
+            bound, model, result = auto_max_batch_size(
+                step, sizes, device, safety=safety, cap=total, share=share
+            )
+        reset_peak_memory(device)  # the probe's peak is not training's
+        bound = total if bound is None else bound
+        rows = host.comm.gather_rows([bound, model.fixed_bytes, model.per_sample_bytes])
+        found = {
+            "max_batch_sizes": [int(row[0]) for row in rows],
+            "fixed_bytes": [row[1] for row in rows],
+            "per_sample_bytes": [row[2] for row in rows],
+            "budget_bytes": result.budget_bytes / share,
+            "relative_error": model.relative_error,
+            "samples": list(result.samples),
+        }
+        if model.relative_error > 0.1:
+            rank_zero_warn(
+                f"max_batch_size='auto': the linear memory fit is off by up to"
+                f" {model.relative_error:.0%} on rank 0's probe {list(result.samples)}."
+            )
+        rank_zero_info(
+            "max_batch_size='auto': per-rank maximum batch sizes"
+            f" {found['max_batch_sizes']} (probed {result.tried})."
+        )
+        return found
+
+    def time(self, largest: int) -> TimeModel:
+        """Fit ``t(x) = a*x + b`` to timed training steps of the slowest rank."""
+        host = self.host
+        largest = min(largest, len(self.loader.dataset))  # type: ignore[arg-type]
+        sizes = sorted({min(2, largest), *probe_sizes(largest)})  # small batches show b
+        cuda = host.root_device.type == "cuda"
+        times = []
+        with self.steps("controller='dual'") as step:
+            step(sizes[0], timed=True)  # warm-up: allocator, kernels, caches
+            for size in sizes:
+                if host.comm.distributed:
+                    host.barrier("the time probe")  # ranks time each size together
+                runs = []
+                for _ in range(5):
+                    if cuda:
+                        torch.cuda.synchronize(host.root_device)
+                    started = time.perf_counter()
+                    step(size, timed=True)
+                    if cuda:
+                        torch.cuda.synchronize(host.root_device)
+                    runs.append(time.perf_counter() - started)
+                times.append(min(runs))
+        rows = host.comm.gather_rows(times)
+        # the slowest rank sets the pace of an epoch: plan with its times
+        slowest = [max(row[i] for row in rows) for i in range(len(sizes))]
+        return TimeModel.fit(list(zip(sizes, slowest)))

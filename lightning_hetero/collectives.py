@@ -1,0 +1,124 @@
+"""The few collectives the plugin runs itself, each naming its operation when it fails.
+
+Pure ``torch.distributed``: no Lightning here. With one process (or no process group) every
+collective returns this rank's own value, so the planning code runs unchanged in a single
+process.
+"""
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Collectives", "add_note", "is_timeout"]
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """Attach ``note`` to ``error``'s message (``add_note`` where Python has it)."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10
+        error.args = (f"{error.args[0] if error.args else ''}\n{note}", *error.args[1:])
+
+
+def is_timeout(error: BaseException) -> bool:
+    """Whether ``error`` reports a timeout (gloo, NCCL and RPC only say so in their text)."""
+    text = str(error).lower()
+    return "timed out" in text or "timeout" in text
+
+
+def _is_peer_gone(error: BaseException) -> bool:
+    text = str(error).lower()
+    return "connection closed" in text or "connection reset" in text
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """One rank's view of the default process group.
+
+    Args:
+        rank: this process's global rank.
+        world_size: number of ranks.
+        device: where tensors for the collectives live (the rank's root device: gloo takes
+            CPU tensors, NCCL CUDA ones).
+        timeout: the process group's timeout, named in a timed-out collective's error.
+    """
+
+    rank: int
+    world_size: int
+    device: torch.device
+    timeout: timedelta | None = None
+
+    @property
+    def distributed(self) -> bool:
+        """Whether there are other ranks to talk to."""
+        return dist.is_available() and dist.is_initialized() and self.world_size > 1
+
+    def gather_rows(self, values: Sequence[float]) -> list[list[float]]:
+        """All-gather one row of floats per rank; returns the rows in rank order."""
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        if not self.distributed:
+            return [tensor.tolist()]
+        rows = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(rows, tensor)
+        return [row.cpu().tolist() for row in rows]
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        """All-gather one picklable object per rank; returns them in rank order."""
+        if not self.distributed:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
+    def broadcast_ints(self, values: Sequence[int]) -> list[int]:
+        """Rank 0's integers, on every rank."""
+        tensor = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        if self.device.type == "cuda":
+            tensor = tensor.to(self.device)
+        if self.distributed:
+            dist.broadcast(tensor, src=0)
+        return [int(v) for v in tensor.tolist()]
+
+    def broadcast_objects(self, values: list[Any]) -> list[Any]:
+        """Rank 0's picklable objects, on every rank (``values`` is filled in place)."""
+        if self.distributed:
+            dist.broadcast_object_list(values, src=0)
+        return values
+
+    def broadcast_tensor(self, tensor: torch.Tensor) -> None:
+        """Overwrite ``tensor`` with rank 0's, in place."""
+        if self.distributed:
+            dist.broadcast(tensor, src=0)
+
+    @contextmanager
+    def guarded(self, operation: str) -> Iterator[None]:
+        """Run a collective; if it fails, the error says which operation on which rank.
+
+        A timed-out collective's note also names the ``timeout`` option, a closed connection's
+        says that a peer stopped first (once, where guards are nested; each guard names its
+        operation).
+        """
+        try:
+            yield
+        except Exception as err:
+            note = f"hetero: {operation} failed on rank {self.rank}."
+            seen = getattr(err, "_hetero_noted", False)
+            if not seen and is_timeout(err):
+                note += (
+                    f" Some rank did not join it within the collective timeout ({self.timeout},"
+                    " the strategy's `timeout` option): a rank that hangs or dies stops the"
+                    " others after that long. Resume from the last checkpoint with"
+                    " `trainer.fit(..., ckpt_path=...)`."
+                )
+            elif not seen and _is_peer_gone(err):
+                note += (
+                    " A peer rank stopped first (it failed, was killed or timed out): see its log."
+                )
+            add_note(err, note)
+            err._hetero_noted = True  # type: ignore[attr-defined]
+            raise

@@ -1,0 +1,70 @@
+"""Training modes: one module each, one registry entry each.
+
+``HeteroStrategy(mode=...)`` builds its mode with :func:`build_mode` and hands every lifecycle
+hook to it (see :class:`~lightning_hetero.modes.base.Mode`). A new mode is a new module with a
+``Mode`` subclass and one entry in :data:`MODES`.
+"""
+
+from lightning_hetero.modes.asynchronous import ParameterServerMode
+from lightning_hetero.modes.base import Host, Mode, ModeOptions, Replan, TimeProbe
+from lightning_hetero.modes.bsp import SynchronousMode
+from lightning_hetero.modes.dual import DualBatchMode
+from lightning_hetero.modes.local import LocalSGDMode
+from lightning_hetero.planning import Controller, make_controller
+from lightning_hetero.planning.dual import DualBatchController
+
+__all__ = [
+    "MODES",
+    "VARIANTS",
+    "DualBatchMode",
+    "Host",
+    "LocalSGDMode",
+    "Mode",
+    "ModeOptions",
+    "ParameterServerMode",
+    "Replan",
+    "SynchronousMode",
+    "TimeProbe",
+    "build_mode",
+]
+
+#: ``mode=`` values and their classes.
+MODES: dict[str, type[Mode]] = {
+    SynchronousMode.name: SynchronousMode,
+    ParameterServerMode.name: ParameterServerMode,
+    LocalSGDMode.name: LocalSGDMode,
+}
+#: Variants of a mode that a kind of controller selects: ``(mode name, controller class)``.
+VARIANTS: dict[tuple[str, type[Controller]], type[Mode]] = {
+    (ParameterServerMode.name, DualBatchController): DualBatchMode,
+}
+
+
+def build_mode(
+    name: str, controller: str | Controller | None, deadband: float, options: ModeOptions
+) -> Mode:
+    """The mode object for ``mode=name``, with its controller, after checking the options.
+
+    ``controller``: a name (built with ``deadband``), an instance, or ``None`` for the mode's
+    default. A controller listed in :data:`VARIANTS` selects that variant of the mode (the
+    parameter server with a :class:`~lightning_hetero.planning.dual.DualBatchController`
+    runs dual batch sizes).
+    """
+    try:
+        cls = MODES[name]
+    except KeyError:
+        raise ValueError(f"Unknown mode {name!r}; expected one of {list(MODES)}.") from None
+    if controller is None:
+        controller = cls.default_controller
+    if isinstance(controller, str):
+        controller = make_controller(controller, deadband=deadband)
+    elif not isinstance(controller, Controller):
+        raise TypeError(
+            "`controller` must be a name or a Controller instance,"
+            f" got {type(controller).__name__}."
+        )
+    cls.check_options(options, controller)
+    for (mode, kind), variant in VARIANTS.items():
+        if mode == name and isinstance(controller, kind):
+            cls = variant
+    return cls(controller, options)

@@ -1,0 +1,194 @@
+"""Asynchronous SGD on a parameter server in rank 0's process (paper 002)."""
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from lightning_hetero._optim import optimizer_params, patched
+from lightning_hetero.collectives import add_note
+from lightning_hetero.localsgd import weighted_average_
+from lightning_hetero.modes.base import Mode, ModeOptions
+from lightning_hetero.paramserver import ParameterServer, ServerClient
+from lightning_hetero.planning import Controller
+from lightning_hetero.planning.dual import DualBatchController
+
+__all__ = ["ParameterServerMode"]
+
+
+class ParameterServerMode(Mode):
+    """``mode="async"``: each rank pushes its gradient to the server and pulls the model back.
+
+    The server applies rank ``k``'s gradient with learning rate ``lr * b_k / B`` as it
+    arrives, so ranks never wait for each other within an epoch. At validation, epoch ends and
+    the end of training every rank loads the server's model (and the ranks' buffers are
+    averaged). Checkpoints on rank 0 hold the server's model and optimizer state.
+    """
+
+    name: ClassVar[str] = "async"
+    runs_dual: ClassVar[bool] = True
+
+    def __init__(self, controller: Controller, options: ModeOptions) -> None:
+        super().__init__(controller, options)
+        self.client: ServerClient | None = None
+        self.pushes = 0
+        self._seen_version = 0
+        self._failed = False
+
+    @classmethod
+    def check_options(cls, options: ModeOptions, controller: Controller) -> None:
+        super().check_options(options, controller)
+        if isinstance(controller, DualBatchController) and not options.lr_scaling:
+            raise ValueError(
+                "With controller='dual' the server scales updates by the model-update"
+                " factor, not by b_k / B; for the unscaled ablation use"
+                " DualBatchController(update_factor='none') instead of lr_scaling=False."
+            )
+
+    # ---------------------------------------------------------------- set-up
+    def setup_environment(self) -> None:
+        host = self._host()
+        self._failed = False
+        ServerClient.init_rpc(
+            host.global_rank,
+            host.world_size,
+            host.cluster_environment.main_address,
+            self.options.rpc_timeout,
+        )
+        self.client = ServerClient(host.global_rank, self.options.rpc_timeout)
+
+    def on_train_start(self) -> None:
+        host = self._host()
+        if host.global_rank == 0:
+            self.server = ParameterServer(host.optimizers, host.world_size, self._scales_lr())
+            ServerClient.start_server(self.server)
+        self.synchronize("the start of training")  # every rank starts from the server
+
+    def _scales_lr(self) -> bool:
+        """Whether the server scales each update's learning rate by ``b_k / B``."""
+        return self.options.lr_scaling
+
+    # ---------------------------------------------------------------- steps
+    def post_backward(self) -> None:
+        self._host().timer.grads_ready()  # the push that follows counts as waiting
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
+        index = self._optimizer_index(optimizer)
+
+        def push_instead_of_step(closure: Any = None, **_: Any) -> Any:
+            loss = closure() if closure is not None else None
+            self._push(index, optimizer)
+            return loss
+
+        # Precision plugins call `optimizer.step`; the server steps instead of this rank.
+        with patched(optimizer, {"step": push_instead_of_step}):
+            output = run()
+        optimizer._opt_called = True  # type: ignore[attr-defined]  # LR schedulers check it
+        self._host().timer.step_done()
+        return output
+
+    def update_factor(self) -> float:
+        """Multiplier of this rank's pushed updates, besides ``b_k / B``."""
+        return 1.0
+
+    def _optimizer_index(self, optimizer: torch.optim.Optimizer) -> int:
+        """Position of ``optimizer`` (or the one a ``LightningOptimizer`` wraps)."""
+        raw = getattr(optimizer, "_optimizer", optimizer)
+        return next(i for i, opt in enumerate(self._host().optimizers) if opt is raw)
+
+    def _push(self, index: int, optimizer: torch.optim.Optimizer) -> None:
+        assert self.client is not None
+        params = optimizer_params(optimizer)
+        grads = [None if p.grad is None else p.grad.detach().to("cpu", copy=True) for p in params]
+        lrs = [float(group["lr"]) for group in optimizer.param_groups]
+        local, total = self.share
+        result = self.client.push(
+            index, grads, local, total, lrs, self._seen_version, self.update_factor()
+        )
+        _load(params, result.params)
+        self._seen_version = result.version
+        self.pushes += 1
+        self._host().timer.backward_done()
+
+    def _pull_all(self) -> None:
+        """Load the server's latest parameters into this rank's model."""
+        assert self.client is not None
+        for index, optimizer in enumerate(self._host().optimizers):
+            result = self.client.pull(index)
+            _load(optimizer_params(optimizer), result.params)
+            self._seen_version = result.version
+
+    def timed_step_extra(self, module: torch.nn.Module) -> None:
+        if self.client is not None:  # a worker's step includes its push: gradients out, back
+            grads = [p.grad.detach().cpu() for p in module.parameters() if p.grad is not None]
+            self.client.echo(grads)
+
+    def synchronize(self, point: str) -> None:
+        """Wait for every rank, then load the server's model everywhere."""
+        host = self._host()
+        host.barrier(point)  # every push of every rank has been applied
+        self._pull_all()
+        buffers = [b for b in host.lightning_module.buffers() if b.dtype.is_floating_point]
+        with host.comm.guarded(f"the buffer average at {point}"):
+            # BatchNorm statistics would stay per rank otherwise
+            weighted_average_(buffers, 1.0, host.world_size)
+        host.barrier(f"{point}, after the pulls")  # no rank tears the server down mid-pull
+
+    # ---------------------------------------------------------------- boundaries
+    def on_train_epoch_end(self) -> bool:
+        self.synchronize("the end of the epoch")  # every rank on the server's model
+        return True
+
+    def boundary_stats(self) -> dict[str, Any]:
+        # rank 0: the server's view of the epoch, taken before the boundary's all-gather; once
+        # that completes, the other ranks may push the next epoch's first updates
+        return self.server.take_epoch_stats() if self.server is not None else {}
+
+    def on_validation_start(self) -> None:
+        if self.client is not None:
+            self.synchronize("validation")  # validate the server's model
+
+    def on_train_end(self) -> None:
+        if self.client is not None:
+            self.synchronize("the end of training")
+
+    # ---------------------------------------------------------------- checkpoints, faults
+    def before_model_state(self) -> None:
+        if self.server is not None:
+            self._pull_all()  # rank 0: checkpoints hold the server's model
+
+    def optimizer_state(self, index: int) -> dict[str, Any] | None:
+        return None if self.server is None else self.server.optimizer_state(index)
+
+    def on_exception(self, exception: BaseException) -> None:
+        self._failed = True
+        if self.client is None or not isinstance(exception, Exception):
+            return
+        host = self._host()
+        gone = self.client.unreachable(range(host.world_size))
+        if gone:
+            add_note(
+                exception,
+                f"hetero: rank {host.global_rank} finds that rank(s) {gone} no longer answer:"
+                " the rank that died, and any that stopped after it (each rank reports what"
+                " it sees; rank 0 hosts the server). The parameter server applies each update"
+                " whole, so its model holds only complete updates; resume from the last"
+                " checkpoint with `trainer.fit(..., ckpt_path=...)`.",
+            )
+
+    def teardown(self) -> None:
+        if self.server is not None:
+            # Later `trainer.save_checkpoint` calls save the optimizers: give them the server's.
+            for index, optimizer in enumerate(self._host().optimizers):
+                optimizer.load_state_dict(self.server.optimizer_state(index))
+        if self.client is not None:
+            ServerClient.stop_server()
+            ServerClient.shutdown(graceful=not self._failed)
+            self.client = None
+            self.server = None
+
+
+def _load(params: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for param, value in zip(params, values):
+            param.copy_(value)

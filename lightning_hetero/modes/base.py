@@ -1,0 +1,273 @@
+"""The interface every training mode implements, with no-op defaults.
+
+A mode is what differs between synchronous data parallelism, a parameter server and local
+SGD: how the model is wrapped, how each rank's batches are drawn, what an optimizer step
+does, and what happens at validation, epoch ends and teardown. The strategy builds one mode
+object from its ``mode=`` option and hands each of its lifecycle hooks to it; it never asks
+which mode it runs. A mode reaches the strategy only through :class:`Host`, and the
+re-planner through the ``replan`` callable it is given, so this package imports neither.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from lightning_hetero._comm import HostStepTimer
+from lightning_hetero.collectives import Collectives
+from lightning_hetero.plan_state import PlanState
+from lightning_hetero.planning import Controller, check_merge_options
+from lightning_hetero.planning.dual import DualBatchController
+from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
+
+__all__ = ["Host", "Mode", "ModeOptions", "Replan", "TimeProbe"]
+
+#: Run one boundary now: ``replan(updates)``, with each rank's update count where ranks make
+#: different numbers of updates (``None`` in lock-step modes). Call on every rank together.
+Replan = Callable[[list[int] | None], None]
+#: ``probe(largest)``: a time model fitted to timed training steps of up to ``largest`` samples.
+TimeProbe = Callable[[int], Any]
+
+
+class Host(Protocol):
+    """What a mode may use of the strategy that runs it."""
+
+    global_rank: int
+    world_size: int
+    root_device: torch.device
+    cluster_environment: Any
+    optimizers: list[torch.optim.Optimizer]
+    lightning_module: Any
+    plan_state: PlanState
+    timer: HostStepTimer
+
+    @property
+    def comm(self) -> Collectives: ...
+
+    def barrier(self, name: str | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class ModeOptions:
+    """The strategy's options that modes read (see ``HeteroStrategy`` for each)."""
+
+    adjust_every: Literal["epoch"] | int = "epoch"
+    weighted: bool = True
+    lr_scaling: bool = True
+    rpc_timeout: float = 300.0
+    megabatch_size: int | None = None
+    delta: float = 0.1
+    perturb_threshold: float = 0.1
+    gamma: float = 0.0
+    global_batch_size: int | None = None
+
+
+class Mode:
+    """One training mode: the strategy's lifecycle hooks, each a no-op or DDP's default here.
+
+    Subclasses set ``name`` (the ``mode=`` value), override the hooks they need and are
+    listed in :data:`lightning_hetero.modes.MODES`.
+
+    Args:
+        controller: the controller the re-planner runs.
+        options: the strategy's options.
+    """
+
+    name: ClassVar[str] = ""
+    #: The controller used when the user names none.
+    default_controller: ClassVar[str] = "proportional"
+    #: Ranks wait for each other at every step (gradients are combined in the step).
+    steps_together: ClassVar[bool] = False
+    #: Every rank runs the same number of steps per epoch. When ``False`` ranks make
+    #: different numbers of steps, so training is counted in epochs only.
+    even_steps: ClassVar[bool] = True
+    #: The model is wrapped in ``DistributedDataParallel``.
+    wraps_model: ClassVar[bool] = False
+    #: Boundaries may fall inside an epoch (``adjust_every`` as a number of batches).
+    replans_within_epoch: ClassVar[bool] = False
+    #: Runs the dual batch size controller.
+    runs_dual: ClassVar[bool] = False
+    #: The plan is fixed on purpose (no rank is "held" at its minimum by the controller).
+    fixed_plan: ClassVar[bool] = False
+
+    def __init__(self, controller: Controller, options: ModeOptions) -> None:
+        self.controller = controller
+        self.options = options
+        self.host: Host | None = None
+        self.replan: Replan | None = None
+        self.sampler: Sampler[list[int]] | None = None
+        #: ``(b_k, B)`` of the current step: this rank's samples and the step's global batch.
+        self.share: tuple[int, int] = (1, 1)
+        #: One record per model merge (local SGD; empty in other modes).
+        self.merges: list[dict[str, Any]] = []
+        #: The parameter server (rank 0 of a parameter-server mode, while training).
+        self.server: Any = None
+        #: The dual batch size plan being run (``None`` for other controllers).
+        self.dual_plan: Any = None
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def check_options(cls, options: ModeOptions, controller: Controller) -> None:
+        """Refuse options this mode cannot honour (at construction)."""
+        check_merge_options(
+            options.delta,
+            options.gamma,
+            options.perturb_threshold,
+            options.megabatch_size,
+            options.global_batch_size,
+        )
+        if not options.rpc_timeout > 0:
+            raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {options.rpc_timeout}.")
+        if not options.weighted and cls.name != "bsp":
+            raise ValueError(
+                f"`weighted=False` is a BSP ablation; mode={cls.name!r} weights each rank by its"
+                " batch share (use `lr_scaling=False` for the unscaled ablation)."
+            )
+        if options.adjust_every != "epoch" and not cls.replans_within_epoch:
+            raise ValueError(
+                f"mode={cls.name!r} re-plans at epoch boundaries{cls.other_boundaries()};"
+                f" `adjust_every` must be 'epoch', got {options.adjust_every!r}."
+            )
+        if isinstance(controller, DualBatchController) and not cls.runs_dual:
+            raise ValueError(
+                "Dual batch size learning runs on the parameter server: use"
+                f" mode='async' with controller='dual', got mode={cls.name!r}."
+            )
+
+    @classmethod
+    def other_boundaries(cls) -> str:
+        """Where this mode re-plans besides epoch ends, for error messages."""
+        return ""
+
+    def option_text(self) -> str:
+        """The option that selected this mode, for error messages."""
+        return f"mode={self.name!r}"
+
+    def attach(self, host: Host, replan: Replan) -> None:
+        """Connect to the strategy and the re-planner (once, before any other hook)."""
+        self.host = host
+        self.replan = replan
+
+    def _host(self) -> Host:
+        assert self.host is not None, "the mode is not attached to a strategy"
+        return self.host
+
+    # ---------------------------------------------------------------- set-up
+    def setup_environment(self) -> None:
+        """Bring up what the mode needs besides the process group (fitting only)."""
+
+    def setup_model(self, model: torch.nn.Module, wrap: Callable[[torch.nn.Module], Any]) -> Any:
+        """The model to train: ``wrap(model)`` (DDP) when ``wraps_model``, else the model."""
+        return wrap(model) if self.wraps_model else model
+
+    def register_hooks(self, model: Any) -> None:
+        """Install communication hooks on the wrapped model."""
+
+    def first_plan(self, loader: DataLoader, probe_time: TimeProbe) -> list[int] | None:
+        """A plan made by the mode itself (``None``: the strategy's plan state makes it)."""
+        return None
+
+    def rescaled_plan(self) -> list[int] | None:
+        """The mode's own plan at a new input scale (``None``: the plan state rescales)."""
+        return None
+
+    def batch_sampler(
+        self, epochs: EpochPermutation, plan: list[int], drop_last: bool, lower: int
+    ) -> Sampler[list[int]]:
+        """This rank's training batches: its slice of each global batch of ``plan``."""
+        host = self._host()
+        self.sampler = GlobalBatchSampler(
+            epochs,
+            plan,
+            rank=host.global_rank,
+            drop_last=drop_last,
+            min_batch_sizes=[lower] * host.world_size,
+        )
+        return self.sampler
+
+    def apply_plan(self, plan: list[int], from_step: int | None) -> None:
+        """Switch the sampler to ``plan`` from ``from_step`` (``None``: the next epoch)."""
+        assert isinstance(self.sampler, GlobalBatchSampler)
+        self.sampler.set_plan(plan, from_step)
+
+    def drawn_steps(self) -> int:
+        """Steps this rank's loader has drawn this epoch (a plan may change after them)."""
+        return self.sampler.cursor if isinstance(self.sampler, GlobalBatchSampler) else 0
+
+    # ---------------------------------------------------------------- training
+    def on_train_start(self) -> None:
+        """Training starts (after the first training loader was built)."""
+
+    def step_layout(self, batch_idx: int) -> tuple[int, int, bool] | None:
+        """``(b_k, B, planned)`` of step ``batch_idx``; ``planned``: it runs the plan in force
+        (irregular steps, such as an epoch's short last one, are not timed). ``None``: no
+        training sampler (nothing to time)."""
+        sampler = self.sampler
+        if not isinstance(sampler, GlobalBatchSampler):
+            return None
+        step = min(batch_idx, len(sampler) - 1)
+        _, sizes = sampler.layout(step)
+        return sizes[self._host().global_rank], sum(sizes), sizes == sampler.plan_at(step)
+
+    def on_train_batch_start(self, batch_idx: int) -> None:
+        """Close the previous step's timing; set :attr:`share`; time the step if planned."""
+        timer = self._host().timer
+        timer.finish()  # the previous step is over, whether this one is timed or not
+        layout = self.step_layout(batch_idx)
+        if layout is None:
+            return
+        local, total, planned = layout
+        self.share = (local, total)
+        if planned:
+            timer.start(local)
+
+    def backward(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Run the backward pass (``run``)."""
+        return run()
+
+    def post_backward(self) -> None:
+        """A backward pass ended."""
+        self._host().timer.backward_done()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
+        """Step ``optimizer`` (``run`` is Lightning's step); the step's work is compute."""
+        output = run()
+        self._host().timer.step_done()
+        return output
+
+    def on_train_epoch_start(self) -> None:
+        """An epoch of training starts."""
+
+    def on_train_epoch_end(self) -> bool:
+        """The epoch's batches are over; ``True`` when the re-planner may run an epoch-end
+        boundary now (``False``: the mode re-planned already, e.g. at each merge)."""
+        return True
+
+    def boundary_stats(self) -> dict[str, Any]:
+        """Extra per-rank figures for the boundary's history entry (rank 0)."""
+        return {}
+
+    def on_validation_start(self) -> None:
+        """Validation during fitting starts (not in the sanity check)."""
+
+    def on_train_end(self) -> None:
+        """Training ends."""
+
+    # ---------------------------------------------------------------- checkpoints, faults
+    def before_model_state(self) -> None:
+        """The model's state is about to be saved."""
+
+    def optimizer_state(self, index: int) -> dict[str, Any] | None:
+        """The state to checkpoint for optimizer ``index`` (``None``: the optimizer's own)."""
+        return None
+
+    def timed_step_extra(self, module: torch.nn.Module) -> None:
+        """What a timed probe step costs besides forward and backward (e.g. a push)."""
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Training failed with ``exception`` (add what the mode knows to its message)."""
+
+    def teardown(self) -> None:
+        """Release what :meth:`setup_environment` and :meth:`on_train_start` brought up."""

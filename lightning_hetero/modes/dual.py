@@ -1,0 +1,132 @@
+"""Dual batch size learning (paper 003): the parameter server with two batch sizes.
+
+``B_S`` ranks train on a small batch, the others on ``B_L``; each rank's share of the epoch's
+samples is fixed so that every rank finishes its epoch within ``extra_time_ratio`` of the
+others. The server scales each rank's updates by its model-update factor.
+"""
+
+from typing import Any, ClassVar
+
+from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader, Sampler
+
+from lightning_hetero.modes.asynchronous import ParameterServerMode
+from lightning_hetero.modes.base import TimeProbe
+from lightning_hetero.planning import BatchLimits, PlanError
+from lightning_hetero.planning.dual import DualBatchController, DualBatchPlan, plan_dual_batch
+from lightning_hetero.sampler import EpochPermutation, PartitionBatchSampler
+
+__all__ = ["DualBatchMode"]
+
+
+def _smallest(bound: int | list[int] | None) -> int | None:
+    """The smallest of per-rank bounds (one int for all ranks, or none)."""
+    return min(bound) if isinstance(bound, list) else bound
+
+
+class DualBatchMode(ParameterServerMode):
+    """``mode="async"`` with ``controller="dual"``: a fixed plan of two batch sizes."""
+
+    even_steps: ClassVar[bool] = False  # ranks run different numbers of steps per epoch
+    fixed_plan: ClassVar[bool] = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reference: DualBatchPlan | None = None  # the dual plan at input scale 1
+
+    @property
+    def dual(self) -> DualBatchController:
+        assert isinstance(self.controller, DualBatchController)
+        return self.controller
+
+    def option_text(self) -> str:
+        return "controller='dual'"
+
+    def _scales_lr(self) -> bool:
+        return False  # the server scales by the update factor instead
+
+    def update_factor(self) -> float:
+        assert self.dual_plan is not None
+        return float(self.dual_plan.update_factors[self._host().global_rank])
+
+    # ---------------------------------------------------------------- the plan
+    def first_plan(self, loader: DataLoader, probe_time: TimeProbe) -> list[int] | None:
+        """Time probe batches, then plan ``B_L``/``B_S`` and the per-rank sample shares."""
+        host = self._host()
+        upper = host.plan_state.upper()
+        smallest_upper = _smallest(upper)
+        large = self.dual.large_batch_size or smallest_upper or loader.batch_size
+        if large is None:
+            raise ValueError(
+                "controller='dual' needs a large batch size: set"
+                " DualBatchController(large_batch_size=...), `max_batch_size`, or the training"
+                " DataLoader's `batch_size`."
+            )
+        if smallest_upper is not None and large > smallest_upper:
+            raise PlanError(
+                f"The large batch size {large} exceeds the per-rank maximum {upper}; lower"
+                " `large_batch_size` or raise `max_batch_size`."
+            )
+        time_model = probe_time(large)
+        if time_model.relative_error > 0.1:
+            rank_zero_warn(
+                f"controller='dual': the linear time fit is off by up to"
+                f" {time_model.relative_error:.0%} on the probe {list(time_model.samples)}."
+            )
+        self._reference = plan_dual_batch(
+            time_model,
+            len(loader.dataset),  # type: ignore[arg-type]
+            host.world_size,
+            self.dual.resolve_small_workers(host.world_size),
+            large,
+            self.dual.extra_time_ratio,
+            self.dual.update_factor,
+        )
+        return self.rescaled_plan()
+
+    def rescaled_plan(self) -> list[int] | None:
+        """The dual plan at the current input scale (hybrid scheme: one per resolution)."""
+        reference = self._reference
+        assert reference is not None
+        state = self._host().plan_state
+        scale = state.input_scale
+        plan = reference
+        if scale != 1.0 or state.scaled_global is not None:
+            large = state.scaled_global or max(round(reference.large_batch_size / scale), 2)
+            upper = state.scaled_upper()
+            if state.scaled_global is None and upper is not None:
+                large = min(large, _smallest(upper))
+            plan = reference.rescaled(large, reference.time_model.scaled(scale))
+        self.dual_plan = plan
+        sizes = list(plan.batch_sizes)
+        state.limits = BatchLimits(sum(sizes), sizes, sizes)
+        rank_zero_info(f"hetero: dual batch size plan (input scale {scale:g})\n{plan.table()}")
+        return sizes
+
+    def batch_sampler(
+        self, epochs: EpochPermutation, plan: list[int], drop_last: bool, lower: int
+    ) -> Sampler[list[int]]:
+        assert self.dual_plan is not None
+        self.sampler = PartitionBatchSampler(
+            epochs,
+            self.dual_plan.samples,
+            self.dual_plan.batch_sizes,
+            rank=self._host().global_rank,
+            drop_last=drop_last,
+            min_batch_size=lower,
+        )
+        return self.sampler
+
+    def apply_plan(self, plan: list[int], from_step: int | None) -> None:
+        raise RuntimeError(
+            f"hetero: the dual batch size plan is fixed; the {type(self.controller).__name__}"
+            f" controller asked for {plan}."
+        )
+
+    def step_layout(self, batch_idx: int) -> tuple[int, int, bool] | None:
+        sampler = self.sampler
+        if not isinstance(sampler, PartitionBatchSampler):
+            return None
+        local = sampler.size_at(batch_idx)
+        # the server scales by the update factor, not by a share: the share is the batch itself
+        return local, local, local == sampler.batch_size

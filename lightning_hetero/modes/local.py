@@ -1,0 +1,144 @@
+"""Local SGD with shared mega-batches and weighted merges (paper 004)."""
+
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from lightning_hetero._optim import scaled_lr
+from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
+from lightning_hetero.localsgd import ReplicaMerger
+from lightning_hetero.modes.base import Mode
+from lightning_hetero.planning import check_merge_options, merge_weights
+from lightning_hetero.sampler import EpochPermutation
+
+__all__ = ["LocalSGDMode"]
+
+
+class LocalSGDMode(Mode):
+    """``mode="local"``: each rank steps its own replica; replicas merge after each mega-batch.
+
+    Ranks claim batches of their planned size from a shared pool of ``megabatch_size``
+    samples (a counter in the process group's store), so a fast rank makes more updates per
+    mega-batch. When a mega-batch is used up, the replicas are merged with weights from
+    their batch sizes and update counts, and the plan is made again from the update counts.
+    """
+
+    name: ClassVar[str] = "local"
+    default_controller: ClassVar[str] = "updates"
+    even_steps: ClassVar[bool] = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cursor: SharedCursor | None = None
+        self._run_id = ""
+        self._merger: ReplicaMerger | None = None
+        self._next_merge = 0  # the next mega-batch of the epoch to merge
+        self._updates = 0  # this rank's updates in the current mega-batch
+
+    @classmethod
+    def other_boundaries(cls) -> str:
+        return " and after every mega-batch"
+
+    def setup_environment(self) -> None:
+        host = self._host()
+        environment = host.cluster_environment
+        self._cursor = SharedCursor.connect(environment.main_address, environment.main_port)
+        self._run_id = str(host.comm.broadcast_objects([os.urandom(6).hex()])[0])
+
+    def batch_sampler(
+        self, epochs: EpochPermutation, plan: list[int], drop_last: bool, lower: int
+    ) -> MegaBatchSampler:
+        assert self._cursor is not None
+        options = self.options
+        megabatch = options.megabatch_size or 10 * sum(plan)
+        check_merge_options(
+            options.delta, options.gamma, options.perturb_threshold, megabatch, sum(plan)
+        )
+        self.sampler = MegaBatchSampler(
+            epochs,
+            self._cursor,
+            plan[self._host().global_rank],
+            megabatch,
+            self._run_id,
+            min_batch_size=lower,
+        )
+        return self.sampler
+
+    def apply_plan(self, plan: list[int], from_step: int | None) -> None:
+        assert isinstance(self.sampler, MegaBatchSampler)
+        self.sampler.set_batch_size(plan[self._host().global_rank])  # from the next claim
+
+    def on_train_start(self) -> None:
+        host = self._host()
+        module = host.lightning_module
+        for tensor in [*module.parameters(), *module.buffers()]:
+            host.comm.broadcast_tensor(tensor.data)
+        self._merger = ReplicaMerger(module, host.global_rank, self.options.gamma)
+
+    def step_layout(self, batch_idx: int) -> tuple[int, int, bool] | None:
+        sampler = self.sampler
+        if not isinstance(sampler, MegaBatchSampler):
+            return None
+        megabatch, local = sampler.tags.popleft()
+        while self._next_merge < megabatch:
+            self._merge_megabatch()
+        self._updates += 1
+        plan = self._host().plan_state.batch_sizes
+        return local, sum(plan), local == plan[self._host().global_rank]
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
+        local, total = self.share
+        world_size = self._host().world_size
+        factor = local * world_size / total if self.options.lr_scaling else 1.0
+        with scaled_lr(optimizer, factor):
+            return super().optimizer_step(optimizer, run)
+
+    # ---------------------------------------------------------------- merges
+    def _merge_megabatch(self) -> None:
+        """Merge the replicas after mega-batch ``_next_merge`` and re-plan (every rank)."""
+        assert self._merger is not None and self.replan is not None
+        host = self._host()
+        rows = host.comm.gather_rows([self._updates, self._merger.norm_per_parameter()])
+        updates = [int(row[0]) for row in rows]
+        plan = host.plan_state.batch_sizes
+        weights = merge_weights(
+            plan,
+            updates,
+            [row[1] for row in rows],
+            delta=self.options.delta,
+            threshold=self.options.perturb_threshold,
+        )
+        self._merger.merge(weights.weights)
+        self.merges.append(
+            {
+                "epoch": host.lightning_module.trainer.current_epoch,
+                "megabatch": self._next_merge,
+                "batch_sizes": plan,
+                "updates": updates,
+                "weights": weights.weights,
+                "perturbed": weights.perturbed,
+            }
+        )
+        self._next_merge += 1
+        self._updates = 0
+        self.replan(updates)
+
+    def _finish_epoch(self) -> None:
+        """Merge the mega-batches of this epoch not merged yet (every rank)."""
+        if not isinstance(self.sampler, MegaBatchSampler):
+            return
+        while self._next_merge < self.sampler.num_megabatches:
+            self._merge_megabatch()
+
+    def on_train_epoch_start(self) -> None:
+        self._next_merge = 0  # a new epoch's mega-batches start at 0
+        self._updates = 0
+
+    def on_train_epoch_end(self) -> bool:
+        self._finish_epoch()
+        return False  # re-planned at each merge
+
+    def on_validation_start(self) -> None:
+        self._finish_epoch()  # validate the merged model

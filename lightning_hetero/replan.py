@@ -1,0 +1,380 @@
+"""The re-planner: measure each rank, decide on rank 0, apply everywhere, keep the history.
+
+One :class:`Replanner` belongs to each strategy. It folds every training step's timings into
+an EWMA; at a boundary (an epoch end, every ``adjust_every`` batches, or when a mode calls
+its ``replan``, e.g. at each local-SGD merge) it all-gathers one :class:`RankReport` per
+rank, runs the controller on rank 0, broadcasts the plan, has the strategy apply it and
+records a history entry. No Lightning here: the callback feeds it Lightning's hooks and
+logs what it records.
+"""
+
+import math
+import socket
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import astuple, dataclass, fields
+from typing import Any, Literal, Protocol
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
+
+from lightning_hetero._comm import HostStepTimer
+from lightning_hetero.collectives import Collectives
+from lightning_hetero.modes.base import Mode
+from lightning_hetero.plan_state import PlanState
+from lightning_hetero.planning import Controller, RankStats, TimingSmoother, balance_efficiency
+from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
+from lightning_hetero.resources import ResourceMeter
+
+__all__ = ["RankReport", "ReplanHost", "Replanner"]
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What one rank reports at a boundary (all-gathered as one row of floats)."""
+
+    #: The batch size its timings were measured at (0: none yet).
+    batch_size: int
+    #: Smoothed compute seconds per step, and seconds waiting for other ranks per step.
+    compute_s: float
+    wait_s: float
+    #: Steps in the smoothed timings (0: no finite timings since the last change).
+    steps: int
+    #: Batches its loader has drawn this epoch (a plan may change only after them).
+    drawn: int
+    #: Side readings, see :class:`~lightning_hetero.planning.RankStats`.
+    memory_used: float
+    cpu_available: float
+    memory_available: float
+
+    @classmethod
+    def from_row(cls, row: Sequence[float]) -> "RankReport":
+        """The report a gathered row holds."""
+        kinds = [f.type for f in fields(cls)]
+        return cls(*(int(v) if kind in (int, "int") else float(v) for v, kind in zip(row, kinds)))
+
+    def row(self) -> list[float]:
+        """This report as one row of floats."""
+        return [float(v) for v in astuple(self)]
+
+    def stats(self, updates: int | None = None) -> RankStats:
+        """The controller's side readings of this rank."""
+        return RankStats(self.memory_used, self.cpu_available, self.memory_available, updates)
+
+
+class ReplanHost(Protocol):
+    """What the re-planner uses of the strategy that owns it."""
+
+    global_rank: int
+    world_size: int
+    local_rank: int
+    root_device: torch.device
+    timer: HostStepTimer
+    plan_state: PlanState
+    training_mode: Mode
+
+    @property
+    def comm(self) -> Collectives: ...
+
+    def apply_plan(self, batch_sizes: Sequence[int], from_step: int | None = None) -> None: ...
+
+
+class Replanner:
+    """Boundaries: gather reports, decide on rank 0, broadcast, apply, record.
+
+    Args:
+        host: the strategy.
+        controller: decides the next plan from the reports (on rank 0).
+        smoothing: EWMA factor of step times.
+        adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
+    """
+
+    def __init__(
+        self,
+        host: ReplanHost,
+        controller: Controller,
+        smoothing: float,
+        adjust_every: Literal["epoch"] | int,
+    ) -> None:
+        self.host = host
+        self.controller = controller
+        self.smoothing = smoothing
+        self.adjust_every = adjust_every
+        #: One entry per boundary (see the README for its keys).
+        self.history: list[dict[str, Any]] = []
+        #: Called with each new history entry (the callback logs it).
+        self.on_record: Callable[[dict[str, Any]], None] | None = None
+        self.adjustments = 0
+        self.batches = 0
+        self._smoother = TimingSmoother(smoothing)
+        self._meter: ResourceMeter | None = None
+        self._identities: list[RankIdentity] = []
+        self._samples_per_s: list[float] = []  # per rank, at the last boundary
+        self._measured_batch_sizes: list[int] = []  # the batches those were measured on
+        self._warned_minimum: set[int] = set()
+
+    # ---------------------------------------------------------------- the run
+    def start(self) -> None:
+        """A fit starts: fresh smoothing and meter, every rank's host and local rank."""
+        host = self.host
+        self._smoother = TimingSmoother(self.smoothing)
+        self._meter = ResourceMeter(host.root_device)
+        with host.comm.guarded("the gather of host names"):
+            rows = host.comm.gather_objects((socket.gethostname(), host.local_rank))
+        self._identities = [RankIdentity(str(name), int(local)) for name, local in rows]
+
+    def _collect(self, synchronize: bool = False) -> None:
+        for batch_size, compute_s, wait_s in self.host.timer.collect(synchronize=synchronize):
+            self._smoother.update(batch_size, compute_s, wait_s)
+
+    def epoch_started(self) -> None:
+        """An epoch of training starts."""
+        self.host.training_mode.on_train_epoch_start()
+
+    def batch_finished(self, epoch: int, step: int) -> None:
+        """A training batch ended: fold its timings in; a boundary every ``adjust_every``."""
+        self._collect()
+        self.batches += 1
+        if self.adjust_every != "epoch" and self.batches % self.adjust_every == 0:
+            self.boundary(epoch, step)
+
+    def epoch_finished(self, epoch: int, step: int) -> None:
+        """The epoch's batches are over: the mode's epoch end, then an epoch boundary."""
+        if self.host.training_mode.on_train_epoch_end() and self.adjust_every == "epoch":
+            self._collect(synchronize=True)
+            self.boundary(epoch, step)
+
+    # ---------------------------------------------------------------- the boundary
+    def report(self) -> RankReport:
+        """This rank's report for the boundary now."""
+        s = self._smoother
+        readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
+        drawn = self.host.training_mode.drawn_steps()
+        return RankReport(s.batch_size, s.compute_s, s.wait_s, s.steps, drawn, *readings)
+
+    def boundary(self, epoch: int, step: int, updates: list[int] | None = None) -> None:
+        """Gather every rank's report, re-plan on rank 0, apply the plan everywhere.
+
+        ``updates``: each rank's model-update count since the last boundary, where ranks
+        make different numbers of updates (local mode); the controller's ``RankStats`` get
+        them. Must be called on every rank together.
+        """
+        host, state = self.host, self.host.plan_state
+        if host.training_mode.sampler is None or state.limits is None:
+            return
+        started = time.perf_counter()
+        report = self.report()
+        extra = host.training_mode.boundary_stats()  # before the gather (see the mode)
+        with host.comm.guarded("the boundary's all-gather"):
+            reports = [RankReport.from_row(row) for row in host.comm.gather_rows(report.row())]
+        measured = [r.batch_size for r in reports]
+        compute_s = [r.compute_s for r in reports]
+        first_undrawn_step = max(r.drawn for r in reports)
+        counts = updates or [None] * len(reports)
+        self._samples_per_s = [
+            b / t if math.isfinite(t) and t > 0 else math.nan for b, t in zip(measured, compute_s)
+        ]
+        self._measured_batch_sizes = measured
+        stats = [r.stats(counts[k]) for k, r in enumerate(reports)]
+        plan = state.batch_sizes
+        entry: dict[str, Any] = {
+            "epoch": epoch,
+            "step": step,
+            "batch_sizes": plan,
+            "compute_times": compute_s,
+            "wait_times": [r.wait_s for r in reports],
+            "memory_used": [r.memory_used for r in reports],
+            "updates": updates,
+            "balance": float("nan"),
+            "changed": False,
+        }
+        no_timings = [rank for rank, r in enumerate(reports) if r.steps < 1]
+        if no_timings:
+            rank_zero_warn(
+                f"hetero: ranks {no_timings} have no finite step timings since the last change;"
+                f" keeping the plan {plan}."
+            )
+        elif measured != plan:
+            rank_zero_info(
+                "hetero: no timings at the current plan yet (the last change has not reached every"
+                " rank's loader); keeping the plan until the next boundary."
+            )
+        elif not all(math.isfinite(t) and t > 0 for t in compute_s):
+            rank_zero_warn(
+                f"hetero: compute times {compute_s} are not all finite and positive; keeping the"
+                f" plan {plan}."
+            )
+        else:
+            entry["balance"] = balance_efficiency(plan, compute_s)
+            decided = self._decide(plan, compute_s, stats) if host.global_rank == 0 else plan
+            with host.comm.guarded("the plan broadcast"):
+                new_plan = self._broadcast(decided)
+            if new_plan != plan:
+                host.apply_plan(new_plan, from_step=first_undrawn_step)
+                self.adjustments += 1
+                entry["changed"] = True
+            entry["held_at_minimum"] = self._check_minimum()
+        entry["next_batch_sizes"] = state.batch_sizes
+        entry.update(extra)
+        entry["boundary_s"] = time.perf_counter() - started
+        self.history.append(entry)
+        if self.on_record is not None:
+            self.on_record(entry)
+
+    def _decide(self, plan: list[int], compute_s: list[float], stats: list[RankStats]) -> list[int]:
+        """Rank 0 runs the controller; its warnings are re-emitted once, and a failure
+        becomes an all-zero plan so that every rank raises instead of waiting."""
+        limits = self.host.plan_state.limits
+        assert limits is not None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                new_plan = self.controller.update(plan, compute_s, limits, stats)
+            except Exception as err:
+                rank_zero_warn(f"hetero: the controller failed: {type(err).__name__}: {err}")
+                new_plan = [0] * len(plan)
+        for warning in caught:
+            rank_zero_warn(str(warning.message))
+        return new_plan
+
+    def _broadcast(self, batch_sizes: Sequence[int]) -> list[int]:
+        """Rank 0's plan, on every rank (the controller runs on rank 0 only).
+
+        Raises:
+            RuntimeError: rank 0 sent the all-zero plan that marks a controller failure.
+        """
+        plan = self.host.comm.broadcast_ints(batch_sizes)
+        if not any(plan):
+            raise RuntimeError(
+                f"hetero: the {type(self.controller).__name__} controller failed on rank 0 (see"
+                " its warning above); stopping every rank."
+            )
+        return plan
+
+    def _check_minimum(self) -> list[int]:
+        """Ranks the new plan holds at their minimum though slower; warns once per rank."""
+        host = self.host
+        limits = host.plan_state.limits
+        assert limits is not None
+        if host.training_mode.fixed_plan:
+            return []  # e.g. the dual plan fixes every rank's batch on purpose
+        lower = limits.min_batch_size
+        held = held_at_minimum(host.plan_state.batch_sizes, self._samples_per_s, lower)
+        for rank in held:
+            if rank in self._warned_minimum:
+                continue
+            self._warned_minimum.add(rank)
+            total = limits.global_batch_size
+            speed, all_speed = self._samples_per_s[rank], sum(self._samples_per_s)
+            rank_zero_warn(
+                f"hetero: rank {rank} is held at min_batch_size={lower[rank]}, but at its measured"
+                f" speed ({speed:.1f} of all ranks' {all_speed:.1f} samples/s) its share of the"
+                f" global batch of {total} would be {total * speed / all_speed:.1f} samples. It"
+                " slows every step whatever the plan: consider removing it from the job"
+                " (paper 001)."
+            )
+        return held
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The plan, the controller, the history, counters and each rank's last reading."""
+        host = self.host
+        plan = host.plan_state.batch_sizes
+        if not plan:
+            return {}
+        return {
+            "batch_sizes": plan,
+            "world_size": host.world_size,
+            "controller_class": type(self.controller).__name__,
+            "controller": self.controller.state_dict(),
+            "history": [dict(entry) for entry in self.history],
+            "adjustments": self.adjustments,
+            "batches": self.batches,
+            "ranks": [
+                {
+                    "host": identity.host,
+                    "local_rank": identity.local_rank,
+                    "batch_size": batch_size,
+                    "samples_per_s": speed,
+                }
+                for identity, batch_size, speed in zip(
+                    self._identities,
+                    self._measured_batch_sizes or plan,
+                    self._samples_per_s or [math.nan] * host.world_size,
+                )
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (of :meth:`state_dict`; call after :meth:`start`).
+
+        The same world size continues the saved plan and controller; another world size makes
+        the plan anew in proportion to the saved throughputs of the ranks that come back on
+        the same host and local rank.
+        """
+        host = self.host
+        if state["world_size"] == host.world_size:
+            host.plan_state.restore(state["batch_sizes"])
+            self._keep_saved_throughputs(state["ranks"])
+            if state["controller_class"] == type(self.controller).__name__:
+                self.controller.load_state_dict(state["controller"])
+            else:
+                rank_zero_warn(
+                    f"The checkpoint was written with the {state['controller_class']}"
+                    f" controller, this run uses {type(self.controller).__name__}: its"
+                    " state starts fresh."
+                )
+        else:
+            self._restore_for_new_world(state)
+        self.history[:] = state["history"]
+        self.adjustments = state["adjustments"]
+        self.batches = state.get("batches", 0)
+
+    def _keep_saved_throughputs(self, saved: list[dict[str, Any]]) -> None:
+        """Carry the saved measurements of ranks that run where they ran before, so that a
+        checkpoint written before this run's first boundary still holds them."""
+        if len(saved) != len(self._identities):
+            return  # a version-1 state: nothing recorded
+        same = [
+            RankIdentity(r["host"], r["local_rank"]) == identity
+            for r, identity in zip(saved, self._identities)
+        ]
+        self._samples_per_s = [
+            float(r["samples_per_s"]) if kept else math.nan for r, kept in zip(saved, same)
+        ]
+        self._measured_batch_sizes = [int(r["batch_size"]) for r in saved]
+
+    def _restore_for_new_world(self, state: dict[str, Any]) -> None:
+        """Re-plan a checkpoint of another world size from its per-rank throughputs."""
+        saved = state["ranks"]
+        restored = weights_for_new_world(
+            [RankIdentity(r["host"], r["local_rank"]) for r in saved],
+            [r["samples_per_s"] for r in saved],
+            self._identities,
+        )
+        self.host.plan_state.restore(state["batch_sizes"], weights=restored.weights)
+
+        def where(rank: int) -> str:
+            identity = self._identities[rank]
+            return f"{rank} ({identity.host}:{identity.local_rank})"
+
+        matched = ", ".join(
+            f"{where(new)} <- saved rank {old}" for new, old in restored.matched.items()
+        )
+        if restored.uniform:
+            how = (
+                "no rank could be matched with a saved throughput (by host and local rank), so"
+                " every rank starts with an equal share"
+            )
+        else:
+            how = f"ranks matched by host and local rank: {matched}; the plan follows their saved"
+            how += " throughputs"
+            if restored.fallback:
+                fallback = ", ".join(where(rank) for rank in restored.fallback)
+                how += f", and ranks {fallback} without one get their mean"
+        rank_zero_warn(
+            f"hetero: the checkpoint was written by {state['world_size']} ranks, this run has"
+            f" {self.host.world_size}: {how}. The controller's state"
+            f" ({state['controller_class']}) starts fresh."
+        )

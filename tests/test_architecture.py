@@ -1,0 +1,163 @@
+"""The package's shape: no import cycles, no mode names outside the modes, Lightning's private
+attributes in one module."""
+
+import ast
+import re
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.strategies import DDPStrategy
+from lightning_utilities.core.imports import compare_version
+
+import lightning_hetero
+from lightning_hetero import _lightning
+from lightning_hetero.modes import MODES, VARIANTS
+
+ROOT = Path(lightning_hetero.__file__).resolve().parent
+PACKAGE = "lightning_hetero"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports_of(path: Path, modules: set[str]) -> set[str]:
+    """Our modules ``path`` imports anywhere: at the top, inside functions, under
+    ``TYPE_CHECKING``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        found |= {name for name in names if name in modules}
+    return found
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    sources = _sources()
+    graph = {name: _imports_of(path, set(sources)) - {name} for name, path in sources.items()}
+    assert graph["lightning_hetero.strategy"] >= {"lightning_hetero.modes"}  # the test sees edges
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = path[path.index(name) :] + [name]
+            pytest.fail(f"import cycle: {' -> '.join(cycle)}")
+        if name in done:
+            return
+        for other in sorted(graph[name]):
+            visit(other, [*path, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+# the names that would mean a module branches on the mode it runs
+_MODE_CLASSES = {cls.__name__ for cls in [*MODES.values(), *VARIANTS.values()]}
+_MODE_OBJECTS = {
+    "GlobalBatchSampler",
+    "MegaBatchSampler",
+    "PartitionBatchSampler",
+    "DualBatchController",
+    "ParameterServer",
+    "ServerClient",
+    "SharedCursor",
+    "ReplicaMerger",
+}
+
+
+@pytest.mark.parametrize("module", ["strategy", "callback", "replan"])
+def test_the_strategy_callback_and_replanner_know_no_mode(module: str) -> None:
+    tree = ast.parse((ROOT / f"{module}.py").read_text(encoding="utf-8"))
+    mode_names = set(MODES)
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            constants = {o.value for o in operands if isinstance(o, ast.Constant)}
+            if constants & mode_names:
+                problems.append(f"line {node.lineno}: compares with {constants & mode_names}")
+        if isinstance(node, ast.Name) and node.id in _MODE_CLASSES | _MODE_OBJECTS:
+            problems.append(f"line {node.lineno}: uses {node.id}")
+        if isinstance(node, ast.Attribute) and node.attr == "mode" and module != "strategy":
+            problems.append(f"line {node.lineno}: reads .mode")
+    assert not problems, f"{module}.py tests the mode: {problems}"
+
+
+def test_modes_import_no_lightning() -> None:
+    """Modes are shared by both Lightning copies: they reach Lightning only through the host."""
+    for path in sorted((ROOT / "modes").glob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        assert not re.search(
+            r"^\s*(from|import)\s+(lightning|pytorch_lightning)\b", source, re.M
+        ), path.name
+
+
+# ---------------------------------------------------------------- Lightning's internals
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_the_installed_lightning_is_a_supported_version(package: str) -> None:
+    pytest.importorskip(package)
+    for requirement in _lightning.SUPPORTED:
+        op, version = re.match(r"([<>=!]+)(.+)", requirement).groups()
+        assert compare_version(package, getattr(__import__("operator"), _OPS[op]), version), (
+            f"{package} is outside lightning_hetero's supported range {_lightning.SUPPORTED}:"
+            " check every helper of lightning_hetero/_lightning.py against it, then widen"
+            " SUPPORTED."
+        )
+
+
+_OPS = {">=": "ge", "<": "lt", "<=": "le", ">": "gt"}
+
+
+def test_every_private_attribute_we_use_still_exists(tmp_path: Path) -> None:
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_epochs=1, limit_train_batches=1, logger=False
+    )
+    trainer.fit(BoringModel())  # after a fit, as our helpers see the loops
+    for where, attribute in _lightning.PRIVATE_ATTRIBUTES:
+        owner = trainer
+        for part in filter(None, where.split(".")):
+            owner = getattr(owner, part)
+        assert hasattr(owner, attribute), (
+            f"Lightning {pl.__version__} has no {type(owner).__name__}.{attribute}, which"
+            " lightning_hetero/_lightning.py relies on: adapt the helper that uses it."
+        )
+    ddp = DDPStrategy()
+    for attribute in _lightning.DDP_SUBCLASS_ATTRIBUTES:
+        assert hasattr(ddp, attribute), (
+            f"DDPStrategy has no {attribute}, which HeteroStrategy overrides or reads."
+        )
+
+
+_PRIVATE = {
+    "fit_loop",
+    "epoch_loop",
+    "_logger_connector",
+    "_data_connector",
+    "_combined_loader",
+    "_broadcast_sigterm_tensor",
+    "_accelerator_connector",
+    "_checkpoint_connector",
+}
+
+
+def test_lightning_private_attributes_are_used_in_one_module() -> None:
+    users = {}
+    for name, path in _sources().items():
+        if name == f"{PACKAGE}._lightning":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & _PRIVATE
+        if used:
+            users[name] = sorted(used)
+    assert not users, f"Lightning internals used outside lightning_hetero/_lightning.py: {users}"

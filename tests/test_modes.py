@@ -1,0 +1,133 @@
+"""Every registered training mode through the same interface checks (a conformance test).
+
+A new mode gets these checks by its entry in ``MODES`` (or ``VARIANTS``): the interface it
+implements, and a real one-device ``Trainer`` run with Lightning's defaults in which every
+sample is drawn once per epoch, each step's share is its batch, boundaries are recorded
+and checkpointed, and teardown releases what the mode brought up.
+"""
+
+import inspect
+import math
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hetero import HeteroCallback, HeteroStrategy
+from lightning_hetero.modes import MODES, VARIANTS, Mode, ModeOptions, build_mode
+from lightning_hetero.planning.registry import CONTROLLERS
+
+N_SAMPLES = 50
+CASES = [(name, None) for name in MODES] + [(name, kind) for name, kind in VARIANTS]
+
+
+def _case_id(case: tuple[str, type | None]) -> str:
+    name, kind = case
+    return name if kind is None else f"{name}+{kind.__name__}"
+
+
+def _build(name: str, kind: type | None, **options) -> Mode:
+    return build_mode(name, None if kind is None else kind(), 0.05, ModeOptions(**options))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_the_mode_is_built_from_its_registry_entry(case) -> None:
+    name, kind = case
+    mode = _build(name, kind)
+    expected = MODES[name] if kind is None else VARIANTS[(name, kind)]
+    assert type(mode) is expected and issubclass(expected, Mode)
+    assert mode.name == name
+    assert mode.default_controller in CONTROLLERS
+    for flag in ("steps_together", "even_steps", "wraps_model", "replans_within_epoch"):
+        assert isinstance(getattr(mode, flag), bool), flag
+    assert mode.sampler is None and mode.merges == [] and mode.server is None
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_the_mode_overrides_hooks_with_the_interface_signatures(case) -> None:
+    cls = type(_build(*case))
+    for hook, base in vars(Mode).items():
+        if not inspect.isfunction(base) or hook.startswith("__"):
+            continue
+        own = getattr(cls, hook)
+        assert list(inspect.signature(own).parameters) == list(
+            inspect.signature(base).parameters
+        ), f"{cls.__name__}.{hook} changes the interface's signature"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_options_the_mode_cannot_honour_are_refused(case) -> None:
+    name, kind = case
+    cls = type(_build(name, kind))
+    if not cls.replans_within_epoch:
+        with pytest.raises(ValueError, match=f"mode={name!r} re-plans at epoch boundaries"):
+            _build(name, kind, adjust_every=2)
+    else:
+        _build(name, kind, adjust_every=2)
+    with pytest.raises(ValueError, match="gamma"):
+        _build(name, kind, gamma=1.0)
+
+
+class _Recorder(pl.Callback):
+    """Records each step's sample indices and the mode's share of it."""
+
+    def __init__(self) -> None:
+        self.epochs: list[list[int]] = []
+        self.shares: list[tuple[int, int]] = []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.epochs.append([])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.epochs[-1].extend(batch[2].tolist())
+        self.shares.append((trainer.strategy.training_mode.share[0], len(batch[2])))
+
+
+class _Regression(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y, _ = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("loss", loss, prog_bar=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(N_SAMPLES, 4, generator=g), torch.randn(N_SAMPLES, 1, generator=g)
+        return DataLoader(TensorDataset(x, y, torch.arange(N_SAMPLES)), batch_size=8)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_the_mode_trains_through_a_real_trainer(case, tmp_path) -> None:
+    name, kind = case
+    strategy = HeteroStrategy(mode=name, controller=None if kind is None else kind())
+    recorder = _Recorder()
+    trainer = pl.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        default_root_dir=tmp_path,
+        callbacks=[recorder],
+    )
+    trainer.fit(_Regression())
+    mode = strategy.training_mode
+    assert mode.sampler is not None
+    for drawn in recorder.epochs:  # every sample once per epoch
+        assert sorted(drawn) == list(range(N_SAMPLES))
+    assert all(share == size for share, size in recorder.shares)  # b_k of every step
+    assert len(strategy.history) >= 2  # at least one boundary per epoch
+    last = strategy.history[-1]
+    assert last["batch_sizes"] == strategy.batch_sizes == [8]
+    assert math.isfinite(last["compute_times"][0]) and last["compute_times"][0] > 0
+    callback = next(cb for cb in trainer.callbacks if isinstance(cb, HeteroCallback))
+    state = callback.state_dict()
+    assert state["batch_sizes"] == [8] and state["history"] == strategy.history
+    assert mode.server is None  # teardown released what the mode brought up
