@@ -31,12 +31,13 @@ def test_dual_runs_on_the_parameter_server_only():
 )
 def test_step_counted_trainer_options_are_refused_with_dual(trainer, named):
     options = dict(max_steps=-1, limit_train_batches=1.0, val_check_interval=1.0)
+    fake_trainer = SimpleNamespace(**{**options, **trainer})
     strategy = HeteroStrategy(mode="async", controller="dual")
     with pytest.raises(ValueError, match=f"controller='dual'.*remove {named}"):
-        refuse_step_counting(SimpleNamespace(**{**options, **trainer}), strategy.training_mode.option_text())
+        refuse_step_counting(fake_trainer, strategy.training_mode.option_text())
     local = HeteroStrategy(mode="local")
     with pytest.raises(ValueError, match=f"mode='local'.*remove {named}"):
-        refuse_step_counting(SimpleNamespace(**{**options, **trainer}), local.training_mode.option_text())
+        refuse_step_counting(fake_trainer, local.training_mode.option_text())
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
