@@ -26,6 +26,7 @@ __all__ = [
     "check_training_loader",
     "refuse_several_training_loaders",
     "refuse_step_counting",
+    "refuse_unequal_steps",
     "with_batch_sampler",
 ]
 
@@ -111,6 +112,15 @@ def refuse_several_training_loaders(trainer: "pl.Trainer") -> None:
             " which several loaders of their own sizes would get wrong. Return one DataLoader"
             " from `train_dataloader` (e.g. a ConcatDataset or a Dataset that yields the"
             " parts of a sample together), or train with strategy='ddp'."
+        )
+
+
+def refuse_unequal_steps(lengths: list[int]) -> None:
+    """Refuse ranks that would run different numbers of steps where they must step together."""
+    if len(set(lengths)) != 1:
+        raise RuntimeError(
+            f"Ranks disagree on the number of training steps per epoch ({lengths}); every rank"
+            " must load the same training set."
         )
 
 

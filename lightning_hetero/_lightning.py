@@ -60,8 +60,9 @@ def request_train_reload(trainer: "pl.Trainer") -> None:
     trainer.fit_loop._combined_loader = None
 
 
-def in_training_batch(trainer: "pl.Trainer") -> bool:
-    """Whether a reduction now is of a training batch's step-level logged value.
+def in_training_batch(module: "pl.LightningModule | None") -> bool:
+    """Whether a reduction now is of a training batch's step-level logged value (``False``
+    for a module attached to no Trainer).
 
     Lightning reduces a ``sync_dist`` value logged on step at once, when it is logged
     (``_ResultMetric.update``), and an epoch-level one (a sum and a sample count, each
@@ -70,6 +71,12 @@ def in_training_batch(trainer: "pl.Trainer") -> bool:
     ``None`` once the batches are over (``epoch_end_reached``); validation within the epoch
     runs with ``trainer.training`` false.
     """
+    if module is None:
+        return False
+    try:
+        trainer = module.trainer
+    except RuntimeError:  # a module attached to no Trainer
+        return False
     connector = getattr(trainer, "_logger_connector", None)
     return trainer.training and getattr(connector, "_first_loop_iter", None) is not None
 

@@ -20,7 +20,19 @@ from lightning_hetero.planning import probe_sizes
 from lightning_hetero.planning.dual import TimeModel
 from lightning_hetero.resources import reset_peak_memory
 
-__all__ = ["StepProbe"]
+__all__ = ["StepProbe", "check_probe_options"]
+
+
+def check_probe_options(memory_safety: float, probe_batch_sizes: Sequence[int] | None) -> None:
+    """Refuse bad options of ``max_batch_size="auto"``'s probe at construction."""
+    if not 0.0 < memory_safety <= 1.0:
+        raise ValueError(f"`memory_safety` must be in (0, 1], got {memory_safety}.")
+    if probe_batch_sizes is not None and (
+        len(set(probe_batch_sizes)) < 2 or min(probe_batch_sizes) < 1
+    ):
+        raise ValueError(
+            f"`probe_batch_sizes` needs at least two distinct sizes >= 1, got {probe_batch_sizes}."
+        )
 
 
 class StepProbe:

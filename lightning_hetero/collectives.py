@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Collectives", "add_note", "is_timeout"]
+__all__ = ["Collectives", "add_note", "is_mean", "is_timeout", "weighted_mean_"]
 
 
 def add_note(error: BaseException, note: str) -> None:
@@ -29,6 +29,22 @@ def is_timeout(error: BaseException) -> bool:
     """Whether ``error`` reports a timeout (gloo, NCCL and RPC only say so in their text)."""
     text = str(error).lower()
     return "timed out" in text or "timeout" in text
+
+
+def is_mean(reduce_op: Any) -> bool:
+    """Whether ``reduce_op`` (a name or a ``ReduceOp``) asks for a mean."""
+    if isinstance(reduce_op, str):
+        return reduce_op.lower() in ("mean", "avg")
+    return reduce_op == dist.ReduceOp.AVG
+
+
+def weighted_mean_(tensor: torch.Tensor, weight: float, group: Any = None) -> torch.Tensor:
+    """Replace ``tensor`` in place by ``sum_k w_k v_k / sum_k w_k`` over the ranks of
+    ``group``, with ``weight`` this rank's ``w_k``; one all-reduce."""
+    values = tensor.detach().reshape(-1) * weight
+    packed = torch.cat([values, tensor.new_full((1,), weight)])
+    dist.all_reduce(packed, group=group)  # [sum w_k v_k, sum w_k]
+    return tensor.copy_((packed[:-1] / packed[-1]).view_as(tensor))
 
 
 def _is_peer_gone(error: BaseException) -> bool:

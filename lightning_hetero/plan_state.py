@@ -251,7 +251,16 @@ class PlanState:
         self.plan = None  # made again from the next training loader
 
     def set_input_scale(self, scale: float, global_batch_size: int | None) -> bool:
-        """Record a new input scale; ``True`` when a plan in force must be rescaled."""
+        """Record a new input scale; ``True`` when a plan in force must be rescaled.
+
+        From the next training loader the global batch is ``global_batch_size`` or, by
+        default, the planned-for global batch divided by ``scale`` and capped by what fits:
+        maximums measured by ``max_batch_size="auto"`` scale by ``1 / scale`` (memory per
+        sample follows the input size; given maximums stay as they are), and the plan in force
+        is rescaled in proportion. With ``controller="dual"`` the batch is the large batch
+        ``B_L``, the time model's per-sample cost scales by ``scale`` and ``B_S`` is planned
+        again (paper 003's hybrid scheme); the per-rank sample shares stay.
+        """
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"`scale` must be a finite number > 0, got {scale}.")
         if global_batch_size is not None and not is_count(global_batch_size):

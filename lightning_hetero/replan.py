@@ -25,9 +25,24 @@ from lightning_hetero.modes.base import Mode
 from lightning_hetero.plan_state import PlanState
 from lightning_hetero.planning import Controller, RankStats, TimingSmoother, balance_efficiency
 from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
+from lightning_hetero.planning.split import is_count
 from lightning_hetero.resources import ResourceMeter
 
-__all__ = ["RankReport", "ReplanHost", "Replanner"]
+__all__ = ["RankReport", "ReplanHost", "Replanner", "check_replan_options"]
+
+
+def check_replan_options(
+    deadband: float, smoothing: float, adjust_every: Literal["epoch"] | int
+) -> None:
+    """Refuse bad re-planning options at construction."""
+    if not 0.0 <= deadband < 1.0:
+        raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing}.")
+    if adjust_every != "epoch" and not is_count(adjust_every):
+        raise ValueError(
+            f"`adjust_every` must be 'epoch' or an integer >= 1, got {adjust_every!r}."
+        )
 
 
 @dataclass(frozen=True)

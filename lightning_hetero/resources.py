@@ -1,19 +1,23 @@
 """What each rank's process can use: CPU cores and GPU compute for open-loop plans, and the
 memory and host readings controllers see at each boundary."""
 
+import math
 import os
 import warnings
 from pathlib import Path
 
 import psutil
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
 import lightning_hetero._cgroup as _cgroup  # not `from lightning_hetero import`: see _namespaces
+from lightning_hetero.collectives import Collectives
 
 __all__ = [
     "ResourceMeter",
     "available_cores",
     "flops_or_nan",
+    "gather_capacities",
     "gpu_flops",
     "reset_peak_memory",
 ]
@@ -96,6 +100,25 @@ def flops_or_nan(device: torch.device) -> float:
     except Exception as err:  # NVML missing, no permission, old driver
         warnings.warn(f"Could not read the GPU through NVML: {err}", stacklevel=2)
         return float("nan")
+
+
+def gather_capacities(kind: str, device: torch.device, comm: Collectives) -> list[float]:
+    """Every rank's capacity for the initial plan ``batch_sizes=kind``, in rank order.
+
+    ``"cores"``: the CPU cores each rank's process may use; ``"flops"``: each rank's GPU SMs
+    times clock, or the cores (with a warning) when some rank has no such reading.
+    """
+    local = [available_cores(), flops_or_nan(device) if kind == "flops" else 0.0]
+    rows = comm.gather_rows(local)
+    if kind == "flops":
+        flops = [row[1] for row in rows]
+        if all(math.isfinite(f) and f > 0 for f in flops):
+            return flops
+        rank_zero_warn(
+            "batch_sizes='flops' needs every rank on a CUDA device readable through NVML;"
+            f" got {flops}. Using CPU cores instead."
+        )
+    return [row[0] for row in rows]
 
 
 class ResourceMeter:

@@ -6,7 +6,6 @@ SGD; the plan state (:class:`~lightning_hetero.plan_state.PlanState`) makes and 
 the re-planner (:class:`~lightning_hetero.replan.Replanner`) runs the boundaries.
 """
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -20,7 +19,6 @@ from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -30,6 +28,7 @@ from lightning_hetero._data import (
     check_training_loader,
     refuse_several_training_loaders,
     refuse_step_counting,
+    refuse_unequal_steps,
     with_batch_sampler,
 )
 from lightning_hetero._lightning import (
@@ -38,17 +37,16 @@ from lightning_hetero._lightning import (
     request_train_reload,
 )
 from lightning_hetero._namespaces import LateBinding
-from lightning_hetero._probes import StepProbe
+from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.callback import HeteroCallback
-from lightning_hetero.collectives import Collectives
+from lightning_hetero.collectives import Collectives, is_mean, weighted_mean_
 from lightning_hetero.emulate import Throttle
 from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
 from lightning_hetero.planning import BatchLimits, Controller
 from lightning_hetero.planning.dual import DualBatchPlan
-from lightning_hetero.planning.split import is_count
-from lightning_hetero.replan import Replanner
-from lightning_hetero.resources import available_cores, flops_or_nan
+from lightning_hetero.replan import Replanner, check_replan_options
+from lightning_hetero.resources import gather_capacities
 from lightning_hetero.sampler import EpochPermutation
 
 __all__ = ["HeteroStrategy"]
@@ -84,12 +82,11 @@ class HeteroStrategy(LateBinding, DDPStrategy):
             left, as DDP's sampler pads). Default: 2 for a model with BatchNorm layers (which
             cannot train on a batch of one), else 1.
         max_batch_size: largest batch any rank may get (default: no limit but ``B``): one
-            number, one per rank, or ``"auto"``: before training each rank measures the
-            peak memory of real training steps (forward, backward, optimizer step) at a
-            few batch sizes, fits ``memory = fixed + per_sample * b`` and takes the
-            largest ``b`` whose prediction stays under ``memory_safety`` of its free memory
-            (the GPU's on CUDA; on CPU the host's, split among the ranks on the host).
-            Model, optimizer and random state are put back after the probe.
+            number, one per rank, or ``"auto"``: each rank measures the peak memory of real
+            training steps at a few batch sizes before training, fits
+            ``memory = fixed + per_sample * b`` and takes the largest ``b`` that stays under
+            ``memory_safety`` of its free memory (model, optimizer and random state are put
+            back afterwards; see the README).
         memory_safety: fraction of the free memory ``max_batch_size="auto"`` plans for, in
             ``(0, 1]``.
         probe_batch_sizes: batch sizes ``max_batch_size="auto"`` probes (default: four
@@ -121,10 +118,8 @@ class HeteroStrategy(LateBinding, DDPStrategy):
             parameter is below this (``> 0``).
         gamma: local mode: merge momentum in ``[0, 1)``: the merged model is
             ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 (default) is plain weighted
-            averaging. ``gamma > 0`` is heavy-ball momentum on the merges: a steady move is
-            amplified up to ``1 / (1 - gamma)`` times (10x at the paper's 0.9), so it needs
-            a learning rate about ``(1 - gamma)`` times the one tuned for ``gamma=0``, many
-            merges (a small ``megabatch_size``) and ``delta=0``; see the README.
+            averaging. ``gamma > 0`` amplifies a steady move up to ``1 / (1 - gamma)`` times
+            and needs a smaller learning rate (see the README).
         **kwargs: forwarded to :class:`~torch.nn.parallel.DistributedDataParallel`
             (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``.
 
@@ -132,11 +127,8 @@ class HeteroStrategy(LateBinding, DDPStrategy):
     in its order; the options above are keyword-only. DDP communication hooks and
     post-local-SGD cannot be combined with this strategy: it installs its own hook.
 
-    The plan is made when Lightning loads the training data at the start of ``fit``, after
-    the optimizers exist. A ``configure_optimizers`` that reads
-    ``trainer.estimated_stepping_batches`` makes Lightning load it earlier, inside ``setup``:
-    that loader gets the real number of steps, and the data is loaded again at the usual
-    point, where the plan is made as in any other run.
+    The first plan is made when Lightning loads the training data at the start of ``fit``,
+    after the optimizers exist (see the README for ``estimated_stepping_batches``).
     """
 
     strategy_name = "hetero"
@@ -177,37 +169,16 @@ class HeteroStrategy(LateBinding, DDPStrategy):
         gamma: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        own_hooks = {
-            "ddp_comm_state": ddp_comm_state,
-            "ddp_comm_hook": ddp_comm_hook,
-            "ddp_comm_wrapper": ddp_comm_wrapper,
-            "model_averaging_period": model_averaging_period,
-        }
-        forbidden = [name for name, value in own_hooks.items() if value is not None]
+        own_hook = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+        given = (ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper, model_averaging_period)
+        forbidden = [name for name, value in zip(own_hook, given) if value is not None]
         if forbidden:
             raise ValueError(
                 f"HeteroStrategy installs its own weighted communication hook; {forbidden}"
                 " cannot be combined with it."
             )
-        for name, value, low, high in (
-            ("deadband", deadband, 0.0, 1.0),
-            ("smoothing", smoothing, 0.0, 1.0),
-        ):
-            if not low <= value < high:
-                raise ValueError(f"`{name}` must be in [0, 1), got {value}.")
-        if not 0.0 < memory_safety <= 1.0:
-            raise ValueError(f"`memory_safety` must be in (0, 1], got {memory_safety}.")
-        if probe_batch_sizes is not None and (
-            len(set(probe_batch_sizes)) < 2 or min(probe_batch_sizes) < 1
-        ):
-            raise ValueError(
-                "`probe_batch_sizes` needs at least two distinct sizes >= 1, got"
-                f" {probe_batch_sizes}."
-            )
-        if adjust_every != "epoch" and not is_count(adjust_every):
-            raise ValueError(
-                f"`adjust_every` must be 'epoch' or an integer >= 1, got {adjust_every!r}."
-            )
+        check_replan_options(deadband, smoothing, adjust_every)
+        check_probe_options(memory_safety, probe_batch_sizes)
         options = ModeOptions(
             adjust_every, weighted, lr_scaling, rpc_timeout, megabatch_size, delta,
             perturb_threshold, gamma, global_batch_size,
@@ -226,12 +197,8 @@ class HeteroStrategy(LateBinding, DDPStrategy):
             **kwargs,
         )
         # options, as given (scikit-learn style); what a run learns lives in the objects below
-        self.mode, self.shuffle, self.smoothing, self.adjust_every = (
-            mode,
-            shuffle,
-            smoothing,
-            adjust_every,
-        )
+        self.mode, self.shuffle, self.deadband = mode, shuffle, deadband
+        self.smoothing, self.adjust_every = smoothing, adjust_every
         self.weighted, self.lr_scaling, self.rpc_timeout = weighted, lr_scaling, rpc_timeout
         self.megabatch_size, self.delta, self.gamma = megabatch_size, delta, gamma
         self.perturb_threshold, self.memory_safety = perturb_threshold, memory_safety
@@ -336,7 +303,7 @@ class HeteroStrategy(LateBinding, DDPStrategy):
         state = self.plan_state
         self._note_batch_norm()  # `configure_model` may have added layers since
         if fitting and state.initial in ("cores", "flops") and state.capacities is None:
-            state.capacities = self._gather_capacities(state.initial)
+            state.capacities = gather_capacities(state.initial, self.root_device, self.comm)
         # Wraps the model, registers the hooks and builds the optimizers; a
         # `configure_optimizers` that reads `trainer.estimated_stepping_batches` makes Lightning
         # load the training data in here, before the optimizers exist.
@@ -360,19 +327,6 @@ class HeteroStrategy(LateBinding, DDPStrategy):
         module = self.lightning_module
         batch_norm = module is not None and any(isinstance(m, _BatchNorm) for m in module.modules())
         self.plan_state.default_min = 2 if batch_norm else 1
-
-    def _gather_capacities(self, kind: str) -> list[float]:
-        local = [available_cores(), flops_or_nan(self.root_device) if kind == "flops" else 0.0]
-        rows = self.gather_rows(local)
-        if kind == "flops":
-            flops = [row[1] for row in rows]
-            if all(math.isfinite(f) and f > 0 for f in flops):
-                return flops
-            rank_zero_warn(
-                "batch_sizes='flops' needs every rank on a CUDA device readable through NVML;"
-                f" got {flops}. Using CPU cores instead."
-            )
-        return [row[0] for row in rows]
 
     @override
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -410,12 +364,7 @@ class HeteroStrategy(LateBinding, DDPStrategy):
             epochs, plan, dataloader.drop_last, state.lower()
         )
         if self.training_mode.even_steps:
-            lengths = [int(row[0]) for row in self.gather_rows([len(sampler)])]
-            if len(set(lengths)) != 1:
-                raise RuntimeError(
-                    f"Ranks disagree on the number of training steps per epoch ({lengths});"
-                    " every rank must load the same training set."
-                )
+            refuse_unequal_steps([int(row[0]) for row in self.gather_rows([len(sampler)])])
         return with_batch_sampler(dataloader, sampler)
 
     def _first_plan(self, loader: DataLoader) -> list[int]:
@@ -438,16 +387,12 @@ class HeteroStrategy(LateBinding, DDPStrategy):
     def set_input_scale(self, scale: float, global_batch_size: int | None = None) -> None:
         """Inputs are now ``scale`` times as large per sample as those the plan was made for.
 
-        Progressive learning calls this when the image resolution changes (``scale`` is the
-        ratio of pixel counts). From the next epoch (the training loader is rebuilt), the
-        global batch is ``global_batch_size`` or, by default, the planned-for global batch
-        divided by ``scale`` and capped by what fits: maximums measured by
-        ``max_batch_size="auto"`` scale by ``1 / scale`` (memory per sample follows the input
-        size; given maximums stay as they are). The current plan is rescaled in proportion.
-        With ``controller="dual"`` the batch is the large batch ``B_L``, the time model's
-        per-sample cost scales by ``scale`` and ``B_S`` is planned again (paper 003's hybrid
-        scheme); the per-rank sample shares stay. Call it on every rank with the same
-        arguments.
+        Progressive learning calls this when the image resolution changes (``scale``: the
+        ratio of pixel counts). From the next epoch the global batch is ``global_batch_size``
+        or the planned-for one divided by ``scale`` and capped by what fits, and the plan is
+        rescaled in proportion (see :meth:`PlanState.set_input_scale
+        <lightning_hetero.plan_state.PlanState.set_input_scale>`; with ``controller="dual"``
+        ``B_S`` is planned again). Call it on every rank with the same arguments.
         """
         if self.plan_state.set_input_scale(scale, global_batch_size):
             request_train_reload(self.lightning_module.trainer)
@@ -535,33 +480,14 @@ class HeteroStrategy(LateBinding, DDPStrategy):
         if not isinstance(tensor, torch.Tensor):
             return tensor
         with self.timer.waiting():
-            if self._weighs_by_batch(tensor, reduce_op):
-                local = float(self.training_mode.share[0])  # this step's b_k
-                values = tensor.detach().reshape(-1) * local
-                packed = torch.cat([values, tensor.new_full((1,), local)])
-                torch.distributed.all_reduce(packed, group=group)  # [sum v_k b_k, sum b_k]
-                # in place, as DDPStrategy.reduce
-                return tensor.copy_((packed[:-1] / packed[-1]).view_as(tensor))
+            weigh = is_mean(reduce_op) and tensor.is_floating_point() and self.comm.distributed
+            if weigh and in_training_batch(self.lightning_module):
+                # in place, as DDPStrategy.reduce. b_k is the mode's `share`, set in this
+                # strategy's `on_train_batch_start`: a value logged in a callback's or the
+                # module's `on_train_batch_start` (they run before it) gets the previous
+                # batch's weight, which differs only at a plan change.
+                return weighted_mean_(tensor, float(self.training_mode.share[0]), group)
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
-
-    def _weighs_by_batch(self, tensor: torch.Tensor, reduce_op: Any) -> bool:
-        is_mean = (
-            reduce_op.lower() in ("mean", "avg")
-            if isinstance(reduce_op, str)
-            else reduce_op == torch.distributed.ReduceOp.AVG
-        )
-        if not (is_mean and tensor.is_floating_point() and self.comm.distributed):
-            return False
-        if self.lightning_module is None:
-            return False
-        try:
-            trainer = self.lightning_module.trainer
-        except RuntimeError:  # a module not attached to a Trainer
-            return False
-        # b_k comes from the mode's `share`, set in the strategy's `on_train_batch_start`: a
-        # value logged in a callback's or the module's `on_train_batch_start` (they run before
-        # it) gets the previous batch's weight, which differs only at a plan change.
-        return in_training_batch(trainer)
 
     @override
     def barrier(self, name: str | None = None) -> None:
@@ -588,9 +514,7 @@ class HeteroStrategy(LateBinding, DDPStrategy):
 
     @override
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        raw = getattr(optimizer, "_optimizer", optimizer)
-        index = next((i for i, opt in enumerate(self.optimizers) if opt is raw), None)
-        state = None if index is None else self.training_mode.optimizer_state(index)
+        state = self.training_mode.optimizer_state(optimizer)
         return super().optimizer_state(optimizer) if state is None else state
 
     @override

@@ -1,7 +1,7 @@
 """The benchmark and demo workload: a small CNN on scikit-learn's handwritten digits.
 
 ``sklearn.datasets.load_digits`` ships inside scikit-learn (1,797 8x8 images, 10
-classes), so runs need no network. scikit-learn is a ``dev`` extra.
+classes), so runs need no network. scikit-learn comes with the ``bench`` extra.
 """
 
 from typing import Any
@@ -27,9 +27,9 @@ def load_digits_tensors(
         raise ValueError(f"`resolution` must be >= 1, got {resolution}.")
     try:
         from sklearn.datasets import load_digits
-    except ImportError as err:  # pragma: no cover - dev extra missing
+    except ImportError as err:  # pragma: no cover - bench extra missing
         raise ImportError(
-            "The digits workload needs scikit-learn: pip install 'lightning_hetero[dev]'"
+            "The digits workload needs scikit-learn: pip install 'lightning_hetero[bench]'"
         ) from err
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0

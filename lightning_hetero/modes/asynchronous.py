@@ -157,8 +157,10 @@ class ParameterServerMode(Mode):
         if self.server is not None:
             self._pull_all()  # rank 0: checkpoints hold the server's model
 
-    def optimizer_state(self, index: int) -> dict[str, Any] | None:
-        return None if self.server is None else self.server.optimizer_state(index)
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        if self.server is None:
+            return None
+        return self.server.optimizer_state(self._optimizer_index(optimizer))
 
     def on_exception(self, exception: BaseException) -> None:
         self._failed = True

@@ -120,7 +120,7 @@ class Mode:
         )
         if not options.rpc_timeout > 0:
             raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {options.rpc_timeout}.")
-        if not options.weighted and cls.name != "bsp":
+        if not options.weighted and not cls.steps_together:  # a gradient all-reduce ablation
             raise ValueError(
                 f"`weighted=False` is a BSP ablation; mode={cls.name!r} weights each rank by its"
                 " batch share (use `lr_scaling=False` for the unscaled ablation)."
@@ -259,8 +259,8 @@ class Mode:
     def before_model_state(self) -> None:
         """The model's state is about to be saved."""
 
-    def optimizer_state(self, index: int) -> dict[str, Any] | None:
-        """The state to checkpoint for optimizer ``index`` (``None``: the optimizer's own)."""
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """The state to checkpoint for ``optimizer`` (``None``: the optimizer's own)."""
         return None
 
     def timed_step_extra(self, module: torch.nn.Module) -> None:
