@@ -1,0 +1,146 @@
+"""The re-planner in one process: reports, decisions, history, checkpoints (no Trainer)."""
+
+import math
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lightning_hetero._comm import HostStepTimer
+from lightning_hetero.collectives import Collectives
+from lightning_hetero.plan_state import PlanState
+from lightning_hetero.planning import BatchLimits, Controller, ProportionalController
+from lightning_hetero.replan import RankReport, Replanner, check_replan_options
+
+
+def test_a_report_travels_as_one_row_and_comes_back_typed():
+    report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6)
+    row = report.row()
+    assert row == [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6]
+    back = RankReport.from_row(row)
+    assert back == report
+    assert isinstance(back.batch_size, int) and isinstance(back.drawn, int)
+    assert back.stats(updates=5).updates == 5 and back.stats().memory_used == 0.2
+
+
+class _Host:
+    """One rank's strategy, as the re-planner sees it."""
+
+    def __init__(self, plan: list[int]) -> None:
+        self.global_rank, self.world_size, self.local_rank = 0, 1, 0
+        self.root_device = torch.device("cpu")
+        self.timer = HostStepTimer()
+        self.plan_state = PlanState(plan=plan, limits=BatchLimits.build(1, sum(plan)))
+        self.training_mode = SimpleNamespace(
+            sampler=object(),
+            fixed_plan=False,
+            drawn_steps=lambda: 4,
+            boundary_stats=lambda: {"staleness": [0.0]},
+            on_train_epoch_start=lambda: None,
+            on_train_epoch_end=lambda: True,
+        )
+        self.comm = Collectives(0, 1, self.root_device)
+        self.applied: list[tuple[list[int], int | None]] = []
+
+    def apply_plan(self, batch_sizes, from_step=None):
+        self.applied.append((list(batch_sizes), from_step))
+        self.plan_state.plan = list(batch_sizes)
+
+
+class _Keep(Controller):
+    """Keeps the plan it is given."""
+
+    def update(self, batch_sizes, compute_s, limits, stats=None):
+        return list(batch_sizes)
+
+
+def _timed(host: _Host, batch_size: int, steps: int, seconds: float) -> None:
+    for _ in range(steps):
+        host.timer._pending.append((batch_size, 0.0, seconds, ()))
+
+
+def test_a_boundary_without_timings_keeps_the_plan_and_records_it():
+    host = _Host([8])
+    replanner = Replanner(host, ProportionalController(), smoothing=0.5, adjust_every="epoch")
+    records = []
+    replanner.on_record = records.append
+    with pytest.warns(UserWarning, match=r"ranks \[0\] have no finite step timings"):
+        replanner.epoch_finished(epoch=0, step=3)
+    (entry,) = replanner.history
+    assert records == [entry]
+    assert entry["batch_sizes"] == entry["next_batch_sizes"] == [8]
+    assert math.isnan(entry["balance"]) and entry["changed"] is False
+    assert entry["staleness"] == [0.0]  # the mode's figures join the entry
+    assert host.applied == []
+
+
+def test_a_boundary_with_timings_runs_the_controller_and_counts_batches():
+    host = _Host([8])
+    replanner = Replanner(host, _Keep(), smoothing=0.0, adjust_every=2)
+    _timed(host, 8, 3, 0.04)
+    replanner.batch_finished(epoch=0, step=1)
+    assert replanner.history == []  # the first of 2 batches
+    replanner.batch_finished(epoch=0, step=2)
+    (entry,) = replanner.history
+    assert entry["step"] == 2 and entry["compute_times"] == [pytest.approx(0.04)]
+    assert entry["balance"] == pytest.approx(1.0)
+    assert replanner.batches == 2 and replanner.adjustments == 0
+
+
+def test_a_failing_controller_stops_every_rank_with_its_name():
+    class _Broken(Controller):
+        def update(self, batch_sizes, compute_s, limits, stats=None):
+            raise ZeroDivisionError("no speed")
+
+    host = _Host([8])
+    replanner = Replanner(host, _Broken(), smoothing=0.0, adjust_every="epoch")
+    _timed(host, 8, 2, 0.04)
+    with (
+        pytest.warns(UserWarning, match="the controller failed: ZeroDivisionError"),
+        pytest.raises(RuntimeError, match="the _Broken controller failed on rank 0"),
+    ):
+        replanner.epoch_finished(epoch=0, step=2)
+
+
+def test_the_state_round_trip_restores_plan_controller_history_and_counters():
+    host = _Host([8])
+    replanner = Replanner(host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
+    replanner.start()
+    _timed(host, 8, 2, 0.04)
+    replanner.epoch_finished(epoch=0, step=2)
+    state = replanner.state_dict()
+    assert state["batch_sizes"] == [8] and state["world_size"] == 1
+    assert state["ranks"][0]["samples_per_s"] == pytest.approx(200.0)
+
+    fresh_host = _Host([8])
+    fresh_host.plan_state.plan = None
+    fresh = Replanner(fresh_host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
+    fresh.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # same world, same controller: nothing to warn about
+        fresh.load_state_dict(state)
+    assert fresh_host.plan_state.restored == [8]
+    assert fresh.history == replanner.history and fresh.batches == replanner.batches
+
+
+def test_nothing_is_gathered_before_the_first_training_loader():
+    host = _Host([8])
+    host.training_mode.sampler = None
+    replanner = Replanner(host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
+    replanner.boundary(epoch=0, step=0)
+    assert replanner.history == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ((1.0, 0.5, "epoch"), "deadband"),
+        ((0.1, -0.1, "epoch"), "smoothing"),
+        ((0.1, 0.5, 0), "adjust_every"),
+        ((0.1, 0.5, "step"), "adjust_every"),
+    ],
+)
+def test_bad_replanning_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        check_replan_options(*options)
