@@ -11,11 +11,13 @@ from lightning_utilities.core.imports import RequirementCache
 
 from lightning_hetero import _namespaces
 from lightning_hetero.callback import HeteroCallback
+from lightning_hetero.fsdp import HeteroFSDPStrategy
 from lightning_hetero.progressive import ProgressiveSchedule, Stage, SubStage
 from lightning_hetero.strategy import HeteroStrategy
 
 __all__ = [
     "HeteroCallback",
+    "HeteroFSDPStrategy",
     "HeteroStrategy",
     "ProgressiveSchedule",
     "Stage",
@@ -25,6 +27,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 _namespaces.register_strategy(StrategyRegistry, HeteroStrategy)
+_namespaces.register_strategy(StrategyRegistry, HeteroFSDPStrategy)
 if RequirementCache(_namespaces.PYTORCH_LIGHTNING_REQUIREMENT, "pytorch_lightning"):
     # by name and as objects; the twins (lightning_hetero.pytorch_lightning) load when used
-    _namespaces.register_in_pytorch_lightning([HeteroStrategy])
+    _namespaces.register_in_pytorch_lightning([HeteroStrategy, HeteroFSDPStrategy])

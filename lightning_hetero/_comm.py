@@ -39,14 +39,15 @@ class HostStepTimer:
     """
 
     def __init__(self) -> None:
-        # (batch_size, start, end, ((wait_begin, wait_end), ...))
-        self._pending: list[tuple[int, Any, Any, tuple[tuple[Any, Any], ...]]] = []
+        # (batch_size, start, end, ((wait_begin, wait_end), ...), other waits in seconds)
+        self._pending: list[tuple[int, Any, Any, tuple[tuple[Any, Any], ...], float]] = []
         self._batch_size = 0
         self._start: Any = None
         self._ready: Any = None
         self._end: Any = None
         self._waits: list[tuple[Any, Any]] = []
         self._waits_in_step = 0  # wait segments that began before the last end mark
+        self._extra_wait_s = 0.0  # waits measured elsewhere, in seconds
 
     def _now(self) -> Any:
         return time.perf_counter()
@@ -83,6 +84,11 @@ class HostStepTimer:
         if self._start is not None:
             self._mark_end(self._now())
 
+    def add_wait(self, seconds: float) -> None:
+        """Count ``seconds`` of waiting measured elsewhere (e.g. in FSDP's collectives)."""
+        if self._start is not None and seconds > 0:
+            self._extra_wait_s += seconds
+
     @contextmanager
     def waiting(self) -> Iterator[None]:
         """Time the block (a collective) as waiting, if it lies inside the step."""
@@ -104,10 +110,12 @@ class HostStepTimer:
         """Close the open step: it ends at its last end mark."""
         if self._start is not None and self._end is not None:
             waits = tuple(self._waits[: self._waits_in_step])
-            self._pending.append((self._batch_size, self._start, self._end, waits))
+            record = (self._batch_size, self._start, self._end, waits, self._extra_wait_s)
+            self._pending.append(record)
         self._start = self._ready = self._end = None
         self._waits = []
         self._waits_in_step = 0
+        self._extra_wait_s = 0.0
 
     def collect(self, synchronize: bool = False) -> list[tuple[int, float, float]]:
         """Finished steps since the last call as ``(batch_size, compute_s, wait_s)``.
@@ -117,8 +125,8 @@ class HostStepTimer:
         self.finish()
         records = []
         while self._pending and self._finished(self._pending[0][2], synchronize):
-            batch_size, start, end, waits = self._pending.pop(0)
-            wait_s = sum(self._elapsed_s(begin, stop) for begin, stop in waits)
+            batch_size, start, end, waits, extra_wait_s = self._pending.pop(0)
+            wait_s = extra_wait_s + sum(self._elapsed_s(begin, stop) for begin, stop in waits)
             records.append((batch_size, self._elapsed_s(start, end) - wait_s, wait_s))
         return records
 

@@ -7,17 +7,23 @@ when a Lightning release drops one of them. A Lightning upgrade touches this fil
 
 from typing import TYPE_CHECKING
 
+from lightning.fabric.utilities.init import _materialize_distributed_module
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+    import torch
 
 __all__ = [
-    "DDP_SUBCLASS_ATTRIBUTES",
     "PRIVATE_ATTRIBUTES",
+    "PRIVATE_FUNCTIONS",
+    "SUBCLASS_ATTRIBUTES",
     "SUPPORTED",
     "check_own_sigterm_only",
     "in_training_batch",
+    "materialize_module",
+    "optimizers_to_device",
     "request_train_reload",
     "settle_logged_metrics",
 ]
@@ -32,9 +38,22 @@ PRIVATE_ATTRIBUTES = (
     ("_logger_connector", "_first_loop_iter"),
     ("fit_loop.epoch_loop", "_broadcast_sigterm_tensor"),
 )
-#: The second and last place: ``HeteroStrategy`` subclasses ``DDPStrategy`` and overrides or
-#: reads these of its protected members (its subclassing surface, not a loop's internals).
-DDP_SUBCLASS_ATTRIBUTES = ("_setup_model", "_register_ddp_hooks", "_layer_sync", "_timeout")
+#: Private functions of Lightning used here (``module``, ``name``).
+PRIVATE_FUNCTIONS = (
+    ("lightning.fabric.utilities.init", "_materialize_distributed_module"),
+    ("lightning.fabric.utilities.optimizer", "_optimizers_to_device"),
+)
+#: The second and last place: the strategies subclass Lightning's and override or read these
+#: protected members (their subclassing surface, not a loop's internals): ``(class, name)``.
+SUBCLASS_ATTRIBUTES = (
+    ("DDPStrategy", "_setup_model"),
+    ("DDPStrategy", "_register_ddp_hooks"),
+    ("DDPStrategy", "_layer_sync"),
+    ("DDPStrategy", "_timeout"),
+    ("ModelParallelStrategy", "_data_parallel_size"),
+    ("ModelParallelStrategy", "_timeout"),
+    ("ModelParallelStrategy", "_layer_sync"),
+)
 
 
 def settle_logged_metrics(trainer: "pl.Trainer") -> None:
@@ -97,3 +116,14 @@ def check_own_sigterm_only(trainer: "pl.Trainer") -> None:
             raise SIGTERMException()
 
     loop._broadcast_sigterm_tensor = check_own_sigterm
+
+
+def materialize_module(module: "torch.nn.Module", device: "torch.device") -> None:
+    """Materialize parameters created on the meta device (``tensor_init_context``), as
+    ``ModelParallelStrategy.setup`` does (Lightning's ``_materialize_distributed_module``)."""
+    _materialize_distributed_module(module, device)
+
+
+def optimizers_to_device(optimizers: list, device: "torch.device") -> None:
+    """Move every optimizer's state to ``device`` (Lightning's ``_optimizers_to_device``)."""
+    _optimizers_to_device(optimizers, device)

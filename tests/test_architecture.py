@@ -2,13 +2,14 @@
 attributes in one module."""
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.demos.boring_classes import BoringModel
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning_utilities.core.imports import compare_version
 
 import lightning_hetero
@@ -76,7 +77,7 @@ _MODE_OBJECTS = {
 }
 
 
-@pytest.mark.parametrize("module", ["strategy", "callback", "replan"])
+@pytest.mark.parametrize("module", ["strategy", "engine", "callback", "replan"])
 def test_the_strategy_callback_and_replanner_know_no_mode(module: str) -> None:
     tree = ast.parse((ROOT / f"{module}.py").read_text(encoding="utf-8"))
     mode_names = set(MODES)
@@ -89,7 +90,9 @@ def test_the_strategy_callback_and_replanner_know_no_mode(module: str) -> None:
                 problems.append(f"line {node.lineno}: compares with {constants & mode_names}")
         if isinstance(node, ast.Name) and node.id in _MODE_CLASSES | _MODE_OBJECTS:
             problems.append(f"line {node.lineno}: uses {node.id}")
-        if isinstance(node, ast.Attribute) and node.attr == "mode" and module != "strategy":
+        if (
+            isinstance(node, ast.Attribute) and node.attr == "mode" and module != "strategy"
+        ):  # option
             problems.append(f"line {node.lineno}: reads .mode")
     assert not problems, f"{module}.py tests the mode: {problems}"
 
@@ -132,10 +135,14 @@ def test_every_private_attribute_we_use_still_exists(tmp_path: Path) -> None:
             f"Lightning {pl.__version__} has no {type(owner).__name__}.{attribute}, which"
             " lightning_hetero/_lightning.py relies on: adapt the helper that uses it."
         )
-    ddp = DDPStrategy()
-    for attribute in _lightning.DDP_SUBCLASS_ATTRIBUTES:
-        assert hasattr(ddp, attribute), (
-            f"DDPStrategy has no {attribute}, which HeteroStrategy overrides or reads."
+    strategies = {"DDPStrategy": DDPStrategy(), "ModelParallelStrategy": ModelParallelStrategy()}
+    for owner, attribute in _lightning.SUBCLASS_ATTRIBUTES:
+        assert hasattr(strategies[owner], attribute), (
+            f"{owner} has no {attribute}, which our strategy built on it overrides or reads."
+        )
+    for module, name in _lightning.PRIVATE_FUNCTIONS:
+        assert callable(getattr(importlib.import_module(module), name, None)), (
+            f"Lightning {pl.__version__} has no {module}.{name}, which _lightning.py uses."
         )
 
 

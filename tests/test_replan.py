@@ -57,7 +57,7 @@ class _Keep(Controller):
 
 def _timed(host: _Host, batch_size: int, steps: int, seconds: float) -> None:
     for _ in range(steps):
-        host.timer._pending.append((batch_size, 0.0, seconds, ()))
+        host.timer._pending.append((batch_size, 0.0, seconds, (), 0.0))
 
 
 def test_a_boundary_without_timings_keeps_the_plan_and_records_it():

@@ -22,7 +22,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 __all__ = ["AccuracyCurve", "EpochTimer", "RunConfig", "child_env", "launch", "run", "run_pair"]
@@ -32,7 +32,8 @@ __all__ = ["AccuracyCurve", "EpochTimer", "RunConfig", "child_env", "launch", "r
 class RunConfig:
     """What to run; every field has a JSON-friendly type."""
 
-    strategy: str = "hetero"  # "hetero" or "ddp"
+    # "hetero" or "ddp"; sharded (FSDP2): "hetero_fsdp" or "fsdp" (ModelParallelStrategy)
+    strategy: str = "hetero"
     workers: int = 4
     sample_cost: list[float] | dict[str, list[float]] | None = None
     throttle_unit: str = "epoch"  # what the keys of a sample_cost mapping count: epoch or step
@@ -178,21 +179,28 @@ def _shared_gpu(config: RunConfig) -> dict[str, Any]:
     }
 
 
+def controller_of(config: RunConfig) -> Any:
+    """The controller a run asks for: a name, or an instance with its options."""
+    from lightning_hetero.planning import CONTROLLERS
+
+    if config.controller_options:
+        return CONTROLLERS[config.controller](**config.controller_options)
+    return config.controller
+
+
 def run(config: RunConfig) -> dict[str, Any]:
     """Train as configured; returns (and on rank 0 writes) the summary."""
-    from lightning_hetero import HeteroStrategy
+    from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
     from lightning_hetero.emulate import Throttle
-    from lightning_hetero.planning import CONTROLLERS, Controller
 
     torch.set_num_threads(1)  # several ranks share the machine's cores
     gpu = _shared_gpu(config)
+    if gpu and config.strategy in ("hetero_fsdp", "fsdp"):
+        raise ValueError("The sharded strategies run on CPU ranks in this benchmark.")
     pl.seed_everything(config.seed, workers=True, verbose=False)
     if config.strategy == "hetero":
-        controller: str | Controller = config.controller
-        if config.controller_options:
-            controller = CONTROLLERS[config.controller](**config.controller_options)
-        strategy: DDPStrategy = HeteroStrategy(
-            controller=controller,
+        strategy: Any = HeteroStrategy(
+            controller=controller_of(config),
             batch_sizes=config.batch_sizes,
             adjust_every=config.adjust_every,
             weighted=config.weighted,
@@ -200,10 +208,23 @@ def run(config: RunConfig) -> dict[str, Any]:
             **gpu,
             **config.extra,
         )
+    elif config.strategy == "hetero_fsdp":
+        strategy = HeteroFSDPStrategy(
+            controller=controller_of(config),
+            batch_sizes=config.batch_sizes,
+            adjust_every=config.adjust_every,
+            deadband=config.deadband,
+            **config.extra,
+        )
     elif config.strategy == "ddp":
         strategy = DDPStrategy(**gpu)
+    elif config.strategy == "fsdp":
+        strategy = ModelParallelStrategy(data_parallel_size=config.workers, tensor_parallel_size=1)
     else:
-        raise ValueError(f"Unknown strategy {config.strategy!r}; expected 'hetero' or 'ddp'.")
+        raise ValueError(
+            f"Unknown strategy {config.strategy!r}; expected 'hetero', 'ddp', 'hetero_fsdp' or"
+            " 'fsdp'."
+        )
     timer, curve = EpochTimer(), AccuracyCurve()
     callbacks: list[Callback] = [timer]
     if config.val_every_epoch:
@@ -263,7 +284,7 @@ def run(config: RunConfig) -> dict[str, Any]:
     if config.val_every_epoch:
         summary["accuracy_curve"] = curve.points
         summary["train_s"] = curve.train_s
-    if isinstance(strategy, HeteroStrategy):
+    if hasattr(strategy, "replanner"):
         summary["batch_sizes"] = strategy.batch_sizes
         summary["history"] = strategy.history
         summary["memory_probe"] = strategy.memory_probe

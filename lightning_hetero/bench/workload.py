@@ -100,6 +100,21 @@ class DigitsCNN(pl.LightningModule):
         self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=10)
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=10)
 
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy`` (FSDP2): shard each layer with parameters, then the
+        net, over the data-parallel ranks; nothing under other strategies."""
+        mesh = self.device_mesh
+        if mesh is None:
+            return
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if isinstance(self.net, FSDPModule):
+            return  # sharded by an earlier fit
+        for layer in self.net:
+            if any(True for _ in layer.parameters(recurse=False)):
+                fully_shard(layer, mesh=mesh["data_parallel"])
+        fully_shard(self.net, mesh=mesh["data_parallel"])
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(images)
 

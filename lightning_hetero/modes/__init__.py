@@ -10,6 +10,7 @@ from lightning_hetero.modes.base import Host, Mode, ModeOptions, Replan, TimePro
 from lightning_hetero.modes.bsp import SynchronousMode
 from lightning_hetero.modes.dual import DualBatchMode
 from lightning_hetero.modes.local import LocalSGDMode
+from lightning_hetero.modes.sharded import ShardedMode
 from lightning_hetero.planning import Controller, make_controller
 from lightning_hetero.planning.dual import DualBatchController
 
@@ -23,6 +24,7 @@ __all__ = [
     "ModeOptions",
     "ParameterServerMode",
     "Replan",
+    "ShardedMode",
     "SynchronousMode",
     "TimeProbe",
     "build_mode",
@@ -41,19 +43,27 @@ VARIANTS: dict[tuple[str, type[Controller]], type[Mode]] = {
 
 
 def build_mode(
-    name: str, controller: str | Controller | None, deadband: float, options: ModeOptions
+    name: str,
+    controller: str | Controller | None,
+    deadband: float,
+    options: ModeOptions,
+    modes: dict[str, type[Mode]] | None = None,
+    variants: dict[tuple[str, type[Controller]], type[Mode]] | None = None,
 ) -> Mode:
     """The mode object for ``mode=name``, with its controller, after checking the options.
 
     ``controller``: a name (built with ``deadband``), an instance, or ``None`` for the mode's
-    default. A controller listed in :data:`VARIANTS` selects that variant of the mode (the
-    parameter server with a :class:`~lightning_hetero.planning.dual.DualBatchController`
+    default. ``modes`` and ``variants``: an engine's own registries (default: ``MODES`` and
+    ``VARIANTS``, DDP's). A controller listed in ``variants`` selects that variant of the mode
+    (the parameter server with a :class:`~lightning_hetero.planning.dual.DualBatchController`
     runs dual batch sizes).
     """
+    modes = MODES if modes is None else modes
+    variants = VARIANTS if modes is MODES and variants is None else variants or {}
     try:
-        cls = MODES[name]
+        cls = modes[name]
     except KeyError:
-        raise ValueError(f"Unknown mode {name!r}; expected one of {list(MODES)}.") from None
+        raise ValueError(f"Unknown mode {name!r}; expected one of {list(modes)}.") from None
     if controller is None:
         controller = cls.default_controller
     if isinstance(controller, str):
@@ -64,7 +74,7 @@ def build_mode(
             f" got {type(controller).__name__}."
         )
     cls.check_options(options, controller)
-    for (mode, kind), variant in VARIANTS.items():
+    for (mode, kind), variant in variants.items():
         if mode == name and isinstance(controller, kind):
             cls = variant
     return cls(controller, options)

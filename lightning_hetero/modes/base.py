@@ -223,9 +223,11 @@ class Mode:
         if planned:
             timer.start(local)
 
-    def backward(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Run the backward pass (``run``)."""
-        return run()
+    def backward(
+        self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """Run the backward pass of ``loss`` (``run(loss)``; a mode may scale the loss)."""
+        return run(loss)
 
     def post_backward(self) -> None:
         """A backward pass ended."""

@@ -48,8 +48,10 @@ class SynchronousMode(Mode):
             local, total = self.share
             self.hook_state.weight = local / total
 
-    def backward(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def backward(
+        self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         # DDP waits for the gradient all-reduce inside backward: a hung peer surfaces here
         # (the note names both, since backward can also fail on its own, e.g. out of memory).
         with self._host().comm.guarded("backward with its gradient all-reduce"):
-            return run()
+            return run(loss)

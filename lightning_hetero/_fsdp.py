@@ -1,0 +1,482 @@
+"""Time that an FSDP2 rank spends blocked in FSDP's collectives (pure torch).
+
+Under FSDP2 (``torch.distributed.fsdp.fully_shard``) every rank meets the others inside
+the step: the all-gathers before each group's forward and backward, and the
+reduce-scatters after each group's backward. A fast rank therefore waits for the slowest
+*inside* its step, so the step's wall time is the same on every rank. To know what a rank
+itself costs, subtract the time it sat in those collectives::
+
+    compute_s = step wall time - CollectiveWaitMeter.take()
+
+Anything outside FSDP's collectives (forward and backward kernels, the loss, a sleep
+between forward and backward, the optimizer step) stays compute.
+
+How it is measured
+------------------
+FSDP2 keeps one ``FSDPParamGroup`` per ``fully_shard`` call and does all its
+communication in four of that object's methods; :meth:`CollectiveWaitMeter.install`
+shadows them **on the instances** (an attribute on each group object, never the class),
+so only the module it was given is measured and :meth:`~CollectiveWaitMeter.remove`
+restores the originals exactly:
+
+``FSDPParamGroup.unshard(async_op=False)``
+    issues the parameter all-gather (``foreach_all_gather``). With the default
+    ``async_op=False`` the collective runs synchronously, so on CPU/gloo this call
+    blocks until every rank has joined the all-gather. Also reached through forward and
+    backward prefetching (``FSDPParamGroup._prefetch_unshard``) and ``FSDPModule.unshard``.
+``FSDPParamGroup.wait_for_unshard()``
+    copies the all-gather output into the parameters (``foreach_all_gather_copy_out``);
+    after an ``async_op=True`` unshard it calls ``Work.wait()`` here, and on an
+    accelerator the compute stream waits on the all-gather's event here.
+``FSDPParamGroup.post_backward()``
+    runs once a group's gradients are computed: reduce-scatter copy-in, the
+    reduce-scatter (``foreach_reduce``; synchronous, so it blocks on CPU/gloo until every
+    rank has produced this group's gradients), and the sharded-gradient copy-out.
+``FSDPParamGroup.finalize_backward()``
+    called from ``FSDPState._root_post_backward_final_callback`` at the end of the last
+    backward; on an accelerator the compute stream waits here for the outstanding
+    reduce-scatters. On CPU it does not block.
+
+These four names exist with these meanings in every FSDP2 release. Checked by reading
+the source of: an early FSDP2 snapshot (``torch/distributed/_composable/fsdp``, the
+2.3/2.4 era, CUDA-only events), a later snapshot of the same path (device handles,
+``state._fsdp_param_group``), and the installed torch 2.13
+(``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``, ``state._fsdp_param_groups``);
+FSDP2 itself calls them only through the instance (``self.unshard(...)``,
+``target_group.unshard(...)``, ``group.post_backward()``, ``group.finalize_backward()``), so
+an instance attribute intercepts every call. The groups are found by duck typing, no FSDP
+class is imported: ``module._get_fsdp_state()`` (an ``FSDPModule`` method in every
+release) and then ``state._fsdp_param_groups`` (a list, newer releases incl. 2.13) or
+``state._fsdp_param_group`` (one group or ``None``, the older snapshots). Running on
+CPU/gloo needs a torch whose FSDP2 uses device handles rather than ``torch.cuda`` events
+(not the earliest snapshot; tested on 2.13).
+
+What the time includes: besides waiting for the slowest rank, the collective's own
+transfer time and FSDP's small local copies around it (all-gather copy-in/copy-out,
+reduce-scatter copy-in, gradient division and copy-out). Those scale with the number of
+parameters, not with the batch, and are the same on every rank, so they belong to
+"communication", not to this rank's compute.
+
+Clocks
+------
+``clock="host"`` (the default on CPU) times each call with ``time.perf_counter``: on
+CPU + gloo every collective blocks the calling thread, so this is exact. ``clock="device"``
+(the default when the groups live on CUDA/XPU/... with timing events) records a timing
+event on the current (compute) stream before and after each call and sums
+``start.elapsed_time(end)``: there FSDP's collectives run on their own streams and the
+*host* never blocks on them, but the compute stream stalls inside ``wait_for_unshard``
+(waiting for the all-gather event), ``post_backward`` (waiting for an older
+reduce-scatter) and ``finalize_backward`` (waiting for the last reduce-scatters); the
+event pair brackets exactly that stall plus the copies. :meth:`take` then has to read
+the events: it waits for them to complete (``synchronize=True``, the default) or leaves
+incomplete ones for the next call. The device path was written against torch's event API
+but has not been run on a multi-GPU FSDP job here.
+
+Failure
+-------
+The meter never breaks training. If a module has no FSDP2 state, or a group lacks one of
+the methods (a torch release that renamed them), :meth:`install` warns
+(``FSDPWaitMeterWarning``) and measures what it can (possibly nothing: :meth:`take` then
+returns ``0.0``, i.e. "no wait measured", and ``compute = wall``). Errors in the meter's own
+bookkeeping are swallowed after one warning; errors raised by FSDP itself propagate
+unchanged. It measures eager FSDP2; with ``torch.compile`` tracing FSDP's hooks
+(compiled autograd, traceable FSDP2) these methods may be inlined into a graph, and what
+is measured then has not been checked.
+
+Gradient reduction (measured with torch 2.13, gloo, 3 ranks): by default FSDP2
+reduce-scatters with ``ReduceOp.AVG``, i.e. the gradients are divided by the world size,
+on gloo too. ``FSDPModule.set_gradient_divide_factor(factor: float) -> None`` exists
+(``set_reduce_scatter_divide_factor`` is its deprecated alias) but, for fp32/bf16, turns
+into ``ReduceOp.PREMUL_SUM(1/factor)`` (unless ``factor`` equals the world size), which gloo
+rejects in backward ("Cannot use ReduceOp.PREMUL_SUM with Gloo"); combine it with
+``set_force_sum_reduction_for_comms(True)`` to get ``SUM`` then a division by ``factor``
+(``factor=1.0``: a plain sum, e.g. of losses pre-scaled by ``b_k / B``).
+
+Thread safety: backward hooks can run on an autograd worker thread (accelerators), so
+the totals are guarded by a lock; nested calls (one measured method inside another, on
+the same thread) count once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+__all__ = [
+    "WAIT_METHODS",
+    "CollectiveWaitMeter",
+    "FSDPWaitMeterWarning",
+    "WaitStats",
+    "fsdp_param_groups",
+]
+
+#: The ``FSDPParamGroup`` methods that contain FSDP2's collective waits.
+WAIT_METHODS: tuple[str, ...] = (
+    "unshard",
+    "wait_for_unshard",
+    "post_backward",
+    "finalize_backward",
+)
+
+
+class FSDPWaitMeterWarning(UserWarning):
+    """FSDP2's internals are not where :class:`CollectiveWaitMeter` expects them."""
+
+
+@dataclass
+class WaitStats:
+    """What :meth:`CollectiveWaitMeter.take_stats` returns for one interval (a step).
+
+    Attributes:
+        wait_s: seconds blocked in FSDP's collectives.
+        by_method: the same split by wrapped method (``"unshard"`` etc.).
+        calls: measured calls (nested ones counted once).
+        grads_ready_at: ``time.perf_counter()`` when the *last* ``post_backward`` of the
+            interval started: this rank's last local gradients exist and it enters the
+            final reduce-scatter (``None`` if no backward ran). Unlike DDP this is *not*
+            a compute mark: the earlier groups' collectives already made every rank wait
+            for the slowest, so the mark falls at about the same moment on all ranks
+            (measured: within 1 ms on 3 ranks whose compute differed by 150 ms). Use
+            ``wall - wait_s`` for compute. Do not also open a "ready until backward end"
+            wait segment from it: the final reduce-scatter is already in ``wait_s``.
+    """
+
+    wait_s: float = 0.0
+    by_method: dict[str, float] = field(default_factory=dict)
+    calls: int = 0
+    grads_ready_at: float | None = None
+
+
+def fsdp_param_groups(module: nn.Module) -> list[Any]:
+    """Every FSDP2 parameter group under ``module`` (itself included), each once.
+
+    Finds ``FSDPModule`` instances by their ``_get_fsdp_state`` method, then reads
+    ``state._fsdp_param_groups`` (a list, newer torch) or ``state._fsdp_param_group`` (older).
+    """
+    groups: list[Any] = []
+    seen: set[int] = set()
+    for sub in module.modules():
+        get_state = getattr(sub, "_get_fsdp_state", None)
+        if not callable(get_state):
+            continue
+        try:
+            state = get_state()
+        except Exception:  # not an FSDP module after all
+            continue
+        if hasattr(state, "_fsdp_param_groups"):
+            found = list(state._fsdp_param_groups or [])
+        else:
+            single = getattr(state, "_fsdp_param_group", None)
+            found = [single] if single is not None else []
+        for group in found:
+            if id(group) not in seen:
+                seen.add(id(group))
+                groups.append(group)
+    return groups
+
+
+_MISSING = object()
+
+
+class _Wrapper:
+    """The per-instance replacement of one FSDPParamGroup method."""
+
+    __slots__ = ("meter", "name", "original", "group", "previous", "active", "__wrapped__")
+
+    def __init__(self, meter: CollectiveWaitMeter, name: str, original: Callable, group: Any):
+        self.meter = meter
+        self.name = name
+        self.original = original
+        self.group = group
+        # what the instance held before us (another meter's wrapper), restored by remove()
+        self.previous = group.__dict__.get(name, _MISSING)
+        self.active = True
+        self.__wrapped__ = original
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a copied/pickled group gets FSDP's own (unmeasured) method, not the meter
+        return (getattr, (self.group, self.name))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.active:
+            return self.original(*args, **kwargs)
+        return self.meter._timed(self.name, self.original, self.group, args, kwargs)
+
+
+class CollectiveWaitMeter:
+    """Accumulate the seconds this process spends blocked in FSDP2's collectives.
+
+    Usage::
+
+        meter = CollectiveWaitMeter().install(model)  # after fully_shard(...)
+        for batch in loader:
+            t0 = time.perf_counter()
+            loss = model(batch).sum(); loss.backward(); opt.step(); opt.zero_grad()
+            wall = time.perf_counter() - t0
+            wait = meter.take()           # and reset
+            compute = wall - wait
+        meter.remove()
+
+    or ``with CollectiveWaitMeter().installed(model) as meter: ...``.
+
+    Args:
+        clock: ``"host"`` (``time.perf_counter`` around each call; exact on CPU/gloo),
+            ``"device"`` (timing events on the current stream; for CUDA and similar), or
+            ``"auto"`` (``"device"`` when the groups' device is not CPU and has timing
+            events, else ``"host"``).
+        segment: optional factory of a context manager entered around every measured
+            (outermost) call, e.g. ``timer.waiting`` of a step timer that records wait
+            segments itself; the meter's own totals are kept as well.
+
+    See the module docstring for the torch internals it relies on and how it degrades.
+    """
+
+    def __init__(
+        self,
+        clock: Literal["auto", "host", "device"] = "auto",
+        segment: Callable[[], AbstractContextManager[Any]] | None = None,
+    ) -> None:
+        if clock not in ("auto", "host", "device"):
+            raise ValueError(f"`clock` must be 'auto', 'host' or 'device', got {clock!r}.")
+        self.clock = clock
+        self.segment = segment
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._wrappers: list[_Wrapper] = []
+        self._device_mode = False
+        self._device_handle: Any = None
+        self._bookkeeping_warned = False
+        self._reset()
+        # device events of finished calls not yet read: (method, start, end)
+        self._events: list[tuple[str, Any, Any]] = []
+
+    # ----------------------------------------------------------------- install
+    def install(self, module: nn.Module) -> CollectiveWaitMeter:
+        """Measure the FSDP2 groups under ``module`` (call after ``fully_shard``).
+
+        Can be called for several modules. Warns, and measures nothing for it, when
+        ``module`` carries no FSDP2 state or the groups lack the expected methods.
+        """
+        try:
+            groups = fsdp_param_groups(module)
+        except Exception as err:  # internals moved: degrade, never crash
+            self._warn(f"could not find FSDP2 parameter groups ({err!r}); no wait is measured.")
+            return self
+        if not groups:
+            self._warn(
+                f"{type(module).__name__} has no FSDP2 parameter groups (not fully_shard-ed,"
+                " or this torch keeps them elsewhere); no wait is measured for it."
+            )
+            return self
+        self._choose_clock(groups)
+        missing: set[str] = set()
+        for group in groups:
+            for name in WAIT_METHODS:
+                original = getattr(group, name, None)
+                if not callable(original):
+                    missing.add(name)
+                    continue
+                wrapper = _Wrapper(self, name, original, group)
+                try:
+                    setattr(group, name, wrapper)
+                except Exception:
+                    missing.add(name)
+                    continue
+                self._wrappers.append(wrapper)
+        if missing:
+            self._warn(
+                f"FSDPParamGroup lacks {sorted(missing)} in torch {torch.__version__}; the"
+                " waits in those methods are not measured."
+            )
+        return self
+
+    def remove(self) -> None:
+        """Restore every wrapped method (later installs by others are left intact)."""
+        for wrapper in reversed(self._wrappers):
+            wrapper.active = False  # pass-through if someone wrapped on top of us
+            try:
+                if wrapper.group.__dict__.get(wrapper.name) is wrapper:
+                    previous = wrapper.previous
+                    while isinstance(previous, _Wrapper) and not previous.active:
+                        previous = previous.previous  # skip meters already removed
+                    if previous is _MISSING:
+                        del wrapper.group.__dict__[wrapper.name]
+                    else:
+                        wrapper.group.__dict__[wrapper.name] = previous
+            except Exception:
+                pass
+        self._wrappers.clear()
+
+    @contextmanager
+    def installed(self, module: nn.Module) -> Iterator[CollectiveWaitMeter]:
+        """``install(module)`` for the duration of a ``with`` block."""
+        self.install(module)
+        try:
+            yield self
+        finally:
+            self.remove()
+
+    @property
+    def active(self) -> bool:
+        """Whether any FSDP method is being measured."""
+        return bool(self._wrappers)
+
+    # -------------------------------------------------------------------- read
+    def take(self, synchronize: bool = True) -> float:
+        """Seconds blocked since the last ``take``/``reset``; resets the count."""
+        return self.take_stats(synchronize).wait_s
+
+    def take_stats(self, synchronize: bool = True) -> WaitStats:
+        """Like :meth:`take`, with the split by method, call count and gradient-ready mark.
+
+        With ``clock="device"``, ``synchronize=True`` waits for the recorded events to
+        complete; ``False`` reads only completed ones and keeps the rest for later.
+        """
+        self._drain_events(synchronize)
+        with self._lock:
+            stats = WaitStats(
+                wait_s=sum(self._by_method.values(), 0.0),
+                by_method=dict(self._by_method),
+                calls=self._calls,
+                grads_ready_at=self._grads_ready_at,
+            )
+            self._reset()
+        return stats
+
+    def peek(self) -> float:
+        """Seconds measured so far (host clock, or device events already completed)."""
+        self._drain_events(False)
+        with self._lock:
+            return sum(self._by_method.values(), 0.0)
+
+    def reset(self) -> None:
+        """Forget what was measured (pending device events included)."""
+        with self._lock:
+            self._reset()
+            self._events = []
+
+    # -------------------------------------------------------------- internals
+    def _reset(self) -> None:
+        self._by_method: dict[str, float] = {}
+        self._calls = 0
+        self._grads_ready_at: float | None = None
+
+    def _warn(self, message: str) -> None:
+        warnings.warn(f"CollectiveWaitMeter: {message}", FSDPWaitMeterWarning, stacklevel=3)
+
+    def _choose_clock(self, groups: Iterable[Any]) -> None:
+        if self.clock == "host":
+            return
+        device = None
+        for group in groups:
+            device = getattr(group, "device", None)
+            if device is not None:
+                break
+        dtype = getattr(device, "type", "cpu")
+        handle = getattr(torch, dtype, None) if dtype != "cpu" else None
+        event_cls = getattr(handle, "Event", None) if handle is not None else None
+        if event_cls is None:
+            if self.clock == "device":
+                self._warn(f"no timing events for device {device}; using the host clock.")
+            return
+        self._device_mode = True
+        self._device_handle = handle
+
+    def _timed(self, name: str, original: Callable, group: Any, args: tuple, kwargs: dict) -> Any:
+        depth = getattr(self._local, "depth", 0)
+        if depth:  # nested inside another measured call: counted by the outer one
+            return original(*args, **kwargs)
+        if name == "post_backward":
+            self._grads_ready_at = time.perf_counter()
+        self._local.depth = 1
+        start = self._mark()
+        segment = self._enter_segment()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            self._local.depth = 0
+            self._exit_segment(segment)
+            self._record(name, start)
+
+    def _mark(self) -> Any:
+        try:
+            if self._device_mode:
+                event = self._device_handle.Event(enable_timing=True)
+                event.record()
+                return event
+        except Exception as err:
+            self._bookkeeping_error(err)
+            return None
+        return time.perf_counter()
+
+    def _record(self, name: str, start: Any) -> None:
+        try:
+            if start is None:
+                return
+            if self._device_mode:
+                end = self._mark()
+                if end is None:
+                    return
+                with self._lock:
+                    self._events.append((name, start, end))
+                    self._calls += 1
+                return
+            elapsed = time.perf_counter() - start
+            with self._lock:
+                self._by_method[name] = self._by_method.get(name, 0.0) + elapsed
+                self._calls += 1
+        except Exception as err:
+            self._bookkeeping_error(err)
+
+    def _drain_events(self, synchronize: bool) -> None:
+        if not self._device_mode:
+            return
+        with self._lock:
+            events, self._events = self._events, []
+        pending = []
+        try:
+            for i, (name, start, end) in enumerate(events):
+                if not synchronize and not end.query():
+                    pending = events[i:]
+                    break
+                end.synchronize()
+                elapsed = start.elapsed_time(end) / 1e3
+                with self._lock:
+                    self._by_method[name] = self._by_method.get(name, 0.0) + elapsed
+        except Exception as err:
+            self._bookkeeping_error(err)
+        if pending:
+            with self._lock:
+                self._events = pending + self._events
+
+    def _enter_segment(self) -> AbstractContextManager[Any] | None:
+        if self.segment is None:
+            return None
+        try:
+            context = self.segment()
+            context.__enter__()
+            return context
+        except Exception as err:
+            self._bookkeeping_error(err)
+            return None
+
+    def _exit_segment(self, context: AbstractContextManager[Any] | None) -> None:
+        if context is None:
+            return
+        try:
+            context.__exit__(None, None, None)
+        except Exception as err:
+            self._bookkeeping_error(err)
+
+    def _bookkeeping_error(self, err: BaseException) -> None:
+        if not self._bookkeeping_warned:
+            self._bookkeeping_warned = True
+            self._warn(f"a measurement failed ({err!r}); some waits may be missing.")
