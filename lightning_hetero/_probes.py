@@ -45,6 +45,8 @@ class StepProbe:
             slower device's delay).
         extra: called with the module after each timed step's backward (the mode's
             per-step work, e.g. a push's round trip).
+        agree: where a step communicates (a sharded model), makes every rank skip a probe
+            size when one does (see :func:`~lightning_hetero.memory_probe.probe_memory`).
     """
 
     def __init__(
@@ -53,11 +55,13 @@ class StepProbe:
         loader: DataLoader,
         emulation: Sequence[Callable[[Any], None]] = (),
         extra: Callable[[torch.nn.Module], None] | None = None,
+        agree: Callable[[bool], bool] | None = None,
     ) -> None:
         self.host = host
         self.loader = loader
         self.emulation = emulation
         self.extra = extra
+        self.agree = agree
 
     @contextmanager
     def steps(self, what: str, instead: str = "") -> Iterator[Callable[..., None]]:
@@ -119,7 +123,7 @@ class StepProbe:
         instead = "; set `max_batch_size` explicitly with manual optimization"
         with self.steps("max_batch_size='auto'", instead) as step:
             bound, model, result = auto_max_batch_size(
-                step, sizes, device, safety=safety, cap=total, share=share
+                step, sizes, device, safety=safety, cap=total, share=share, agree=self.agree
             )
         reset_peak_memory(device)  # the probe's peak is not training's
         bound = total if bound is None else bound

@@ -82,6 +82,7 @@ class HeteroCallback(Callback):
         self.tensorboard_layout = tensorboard_layout
         self._restored: dict[str, Any] | None = None
         self._replanner: Replanner | None = None
+        self._started = False  # this fit's `on_fit_start` ran
 
     @property
     @override
@@ -101,14 +102,19 @@ class HeteroCallback(Callback):
 
     @override
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        replanner = self._replanner = self._replanner_of(trainer)
+        replanner = self._replanner_of(trainer)
         replanner.start()
+        self._replanner, self._started = replanner, True
         replanner.on_record = lambda entry: self._log(trainer, entry)
         if self._restored is not None:
             state, self._restored = self._restored, None
             replanner.load_state_dict(state)
         if self.tensorboard_layout:
             self._add_tensorboard_layout(trainer)
+
+    @override
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        self._started = False
 
     @override
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -177,4 +183,8 @@ class HeteroCallback(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        self._restored = _migrate(state_dict)
+        if self._replanner is not None and self._started:
+            # strategies that restore after set-up (FSDP's) do it after `on_fit_start`
+            self._replanner.load_state_dict(_migrate(state_dict))
+        else:
+            self._restored = _migrate(state_dict)

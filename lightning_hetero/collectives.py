@@ -100,6 +100,13 @@ class Collectives:
             dist.broadcast(tensor, src=0)
         return [int(v) for v in tensor.tolist()]
 
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank."""
+        tensor = torch.tensor([float(flag)], device=self.device)
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return bool(tensor.item())
+
     def broadcast_objects(self, values: list[Any]) -> list[Any]:
         """Rank 0's picklable objects, on every rank (``values`` is filled in place)."""
         if self.distributed:

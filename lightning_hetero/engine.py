@@ -234,7 +234,9 @@ class HeteroEngine:
             for cb in trainer.callbacks
             if isinstance(cb, Throttle)
         ]
-        probe = StepProbe(self, loader, emulation, self.training_mode.timed_step_extra)
+        mode = self.training_mode
+        agree = self.comm.any if mode.probe_steps_communicate else None
+        probe = StepProbe(self, loader, emulation, mode.timed_step_extra, agree)
         state = self.plan_state
         if state.max_batch_size == "auto" and self.memory_probe is None:
             total = state.global_batch_size or (loader.batch_size or 1) * self.world_size

@@ -154,7 +154,10 @@ def host_budget_bytes(cgroup_root: Path = _cgroup.DEFAULT_ROOT) -> float:
 
 
 def probe_memory(
-    step: Callable[[int], object], sizes: Sequence[int], device: torch.device | str
+    step: Callable[[int], object],
+    sizes: Sequence[int],
+    device: torch.device | str,
+    agree: Callable[[bool], bool] | None = None,
 ) -> ProbeResult:
     """Run ``step(b)`` for each batch size, ascending, and record each step's peak memory.
 
@@ -176,6 +179,8 @@ def probe_memory(
         step: runs one step at the given batch size.
         sizes: batch sizes to try, each at least 1 (order and repeats do not matter).
         device: where ``step`` allocates: a CUDA device, or the CPU (host memory).
+        agree: where steps communicate across ranks (sharded models), every rank must run
+            the same sizes: ``agree(skip)`` returns whether any rank skips the next size.
 
     Example:
         >>> def step(batch_size):
@@ -193,7 +198,10 @@ def probe_memory(
     budget_bytes = meter.budget()
     samples: list[tuple[int, float]] = []
     for index, size in enumerate(ordered):
-        if len(samples) >= 2 and MemoryModel.fit(samples).predict(size) > budget_bytes:
+        skip = len(samples) >= 2 and MemoryModel.fit(samples).predict(size) > budget_bytes
+        if agree is not None:
+            skip = agree(skip)
+        if skip:
             return ProbeResult(device, budget_bytes, tuple(samples), skipped=tuple(ordered[index:]))
         failure = ""
         try:
@@ -220,6 +228,7 @@ def auto_max_batch_size(
     safety: float = 0.9,
     cap: int | None = None,
     share: int = 1,
+    agree: Callable[[bool], bool] | None = None,
 ) -> tuple[int | None, MemoryModel, ProbeResult]:
     """Probe, fit the memory model and return the largest batch size predicted to fit.
 
@@ -235,6 +244,7 @@ def auto_max_batch_size(
             with the batch (``None`` then means "no bound").
         share: how many processes split the budget (ranks on one host for host memory,
             ranks on one GPU); each plans for ``budget / share``.
+        agree: see :func:`probe_memory`.
 
     Returns:
         ``(max_batch_size, model, result)``: the bound (or ``cap``, see above), the fitted
@@ -258,7 +268,7 @@ def auto_max_batch_size(
         raise ValueError(f"`cap` must be >= 1 or None, got {cap}.")
     if share < 1:
         raise ValueError(f"`share` must be >= 1, got {share}.")
-    result = probe_memory(step, sizes, device)
+    result = probe_memory(step, sizes, device, agree)
     if len(result.samples) < 2:
         ran = f"only {result.succeeded} ran" if result.samples else "none of them ran"
         why = (

@@ -77,7 +77,7 @@ _MODE_OBJECTS = {
 }
 
 
-@pytest.mark.parametrize("module", ["strategy", "engine", "callback", "replan"])
+@pytest.mark.parametrize("module", ["strategy", "engine", "fsdp", "callback", "replan"])
 def test_the_strategy_callback_and_replanner_know_no_mode(module: str) -> None:
     tree = ast.parse((ROOT / f"{module}.py").read_text(encoding="utf-8"))
     mode_names = set(MODES)

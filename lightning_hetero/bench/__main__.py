@@ -5,6 +5,7 @@
     python -m lightning_hetero.bench --simulate           # controllers on the simulator
     python -m lightning_hetero.bench --modes              # time-to-accuracy of the modes
     python -m lightning_hetero.bench --dual               # uniform large vs dual vs hybrid
+    python -m lightning_hetero.bench --sharded            # FSDP2: ModelParallel vs hetero
 
 Every repeat runs both strategies back to back (alternating which goes first) on the
 same emulated cluster: 4 gloo ranks on this machine, each slowed by
@@ -62,8 +63,12 @@ def measure(
     base_cost: float,
     workdir: Path,
     hetero_options: dict[str, Any] | None = None,
+    sharded: bool = False,
 ) -> dict[str, Any]:
     """Run every level ``repeats`` times with both strategies; returns the raw run summaries.
+
+    ``sharded``: FSDP2 (``ModelParallelStrategy`` against ``HeteroFSDPStrategy``) instead of
+    DDP.
 
     ``hetero_options`` are extra :class:`~lightning_hetero.bench.run.RunConfig` fields for
     the HeteroStrategy runs, e.g. ``{"adjust_every": 1}``.
@@ -76,7 +81,9 @@ def measure(
             cost = [base_cost / c for c in cores]
             common = {"workers": 4, "sample_cost": cost, "epochs": epochs, "validate": False}
             raw[level] = [
-                run_pair(common, repeat, workdir, hetero_options, progress, f"{level} ")
+                run_pair(
+                    common, repeat, workdir, hetero_options, progress, f"{level} ", sharded=sharded
+                )
                 for repeat in range(repeats)
             ]
     return raw
@@ -158,6 +165,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the hetero runs' controller, name[:option=value,...]",
     )
     parser.add_argument("--json", type=Path, help="also write the raw runs here")
+    parser.add_argument(
+        "--sharded",
+        action="store_true",
+        help="sharded training (FSDP2): ModelParallelStrategy vs HeteroFSDPStrategy",
+    )
     simulated = parser.add_argument_group(
         "simulator", "compare controllers on simulated clusters instead of training"
     )
@@ -241,7 +253,15 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(err))
     hetero = {"adjust_every": adjust_every, "controller": name, "controller_options": options}
     with tempfile.TemporaryDirectory() as tmp:
-        raw = measure(args.levels, args.repeats, args.epochs, args.base_cost, Path(tmp), hetero)
+        raw = measure(
+            args.levels,
+            args.repeats,
+            args.epochs,
+            args.base_cost,
+            Path(tmp),
+            hetero,
+            sharded=args.sharded,
+        )
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
     print(report(raw, args.skip))

@@ -374,19 +374,23 @@ def run_pair(
     progress: Any = None,
     label: str = "",
     timeout: float | None = 900.0,
+    sharded: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Uniform DDP and HeteroStrategy on ``config``, back to back, seeded with ``repeat``.
 
     Which goes first alternates with ``repeat``. ``hetero_options`` are added to the
     HeteroStrategy run's config; ``progress`` (a tqdm bar) is advanced per run. A run
     that takes longer than ``timeout`` seconds fails (a hung rank does not hang the
-    benchmark).
+    benchmark). ``sharded``: the pair is ``ModelParallelStrategy`` (FSDP2, uniform) and
+    ``HeteroFSDPStrategy``, still keyed ``"ddp"`` and ``"hetero"``.
     """
+    strategies = {"ddp": "fsdp", "hetero": "hetero_fsdp"} if sharded else {}
     pair: dict[str, dict[str, Any]] = {}
     for name in ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp"):
         if progress is not None:
             progress.set_postfix_str(f"{label}{name} #{repeat + 1}")
-        run_config = {**config, "strategy": name, "seed": repeat, "progress_bar": False}
+        strategy = strategies.get(name, name)
+        run_config = {**config, "strategy": strategy, "seed": repeat, "progress_bar": False}
         if name == "hetero":
             run_config.update(hetero_options or {})
         pair[name] = launch(run_config, workdir, timeout=timeout)

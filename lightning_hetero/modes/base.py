@@ -89,6 +89,9 @@ class Mode:
     replans_within_epoch: ClassVar[bool] = False
     #: Runs the dual batch size controller.
     runs_dual: ClassVar[bool] = False
+    #: A training step communicates across ranks even outside the loop (a sharded model's
+    #: all-gathers), so probes must run the same steps on every rank.
+    probe_steps_communicate: ClassVar[bool] = False
     #: The plan is fixed on purpose (no rank is "held" at its minimum by the controller).
     fixed_plan: ClassVar[bool] = False
 

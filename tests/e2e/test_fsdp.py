@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from tests.e2e.fsdp_step import CLIP, PLAN, STEPS, dataset, initial_model
-from tests.e2e.launch import run_script
+from tests.e2e.launch import run_script, run_training
+from tests.e2e.test_controllers import _cost, _within
 
 
 def _expected(variant: str) -> dict[str, torch.Tensor]:
@@ -42,3 +43,59 @@ def test_a_sharded_step_on_uneven_batches_equals_one_step_on_the_union_batch(
     # the step moved the parameters: equal parameters would pass trivially otherwise
     start = {f"net.{k}": v for k, v in initial_model().state_dict().items()}
     assert any((got[name] - start[name]).abs().max() > 1e-3 for name in start)
+
+
+# ---------------------------------------------------------------- emulated heterogeneous ranks
+def test_the_plan_reaches_the_speed_proportional_split_within_3_boundaries(tmp_path):
+    """4 ranks at HL4 speeds (36 ms per sample on a 1-core rank): the waits inside FSDP's
+    collectives are not counted as compute, so the controller sees each rank's speed."""
+    summary = run_training(
+        tmp_path,
+        strategy="hetero_fsdp",
+        workers=4,
+        sample_cost=_cost("HL4"),
+        epochs=2,
+        adjust_every=2,
+        validate=False,
+    )
+    history = summary["history"]
+    assert history[0]["batch_sizes"] == [32] * 4
+    assert _within(history[2]["next_batch_sizes"], "HL4", 0.2), history[:3]
+    assert _within(summary["batch_sizes"], "HL4", 0.2)
+    # the slowest rank computes longest at the uniform plan; the fastest waits longest
+    first = history[0]
+    assert first["compute_times"].index(max(first["compute_times"])) == 2
+    assert first["wait_times"].index(max(first["wait_times"])) == 3
+
+
+@pytest.mark.parametrize("distributed", [True, False], ids=["sharded", "full"])
+def test_a_resumed_run_keeps_the_plan_and_the_controller(tmp_path, distributed):
+    options = dict(
+        strategy="hetero_fsdp",
+        workers=2,
+        sample_cost=[0.004, 0.012],
+        adjust_every=2,
+        validate=False,
+        extra={"save_distributed_checkpoint": distributed},
+    )
+    first = run_training(tmp_path, epochs=1, checkpoint_dir=str(tmp_path / "ckpt"), **options)
+    checkpoint = tmp_path / "ckpt" / "last.ckpt"
+    assert checkpoint.is_dir() == distributed
+    resumed = run_training(tmp_path, epochs=2, resume_from=str(checkpoint), **options)
+    saved = first["history"]
+    assert resumed["history"][: len(saved)] == saved
+    assert resumed["history"][len(saved)]["batch_sizes"] == first["batch_sizes"] != [64, 64]
+
+
+def test_auto_max_batch_size_measures_each_rank_under_sharding(tmp_path):
+    summary = run_training(
+        tmp_path,
+        strategy="hetero_fsdp",
+        workers=2,
+        epochs=1,
+        validate=False,
+        extra={"max_batch_size": "auto", "probe_batch_sizes": [8, 16, 32]},
+    )
+    probe = summary["memory_probe"]
+    assert len(probe["max_batch_sizes"]) == 2 and probe["samples"]
+    assert all(b <= m for b, m in zip(summary["batch_sizes"], probe["max_batch_sizes"]))
