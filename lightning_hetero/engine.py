@@ -30,25 +30,51 @@ from lightning_hetero._lightning import (
     in_training_batch,
     request_train_reload,
 )
-from lightning_hetero._probes import StepProbe
+from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.callback import HeteroCallback
 from lightning_hetero.collectives import Collectives, is_mean, weighted_mean_
 from lightning_hetero.emulate import Throttle
-from lightning_hetero.modes import Mode
-from lightning_hetero.plan_state import PlanState
+from lightning_hetero.modes import Mode, ModeOptions, build_mode
+from lightning_hetero.plan_state import PlanState, check_plan_options
 from lightning_hetero.planning import BatchLimits, Controller
 from lightning_hetero.planning.dual import DualBatchPlan
-from lightning_hetero.replan import Replanner
+from lightning_hetero.replan import Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
 from lightning_hetero.sampler import EpochPermutation
 
-__all__ = ["HeteroEngine"]
+__all__ = ["HeteroEngine", "hetero_parts"]
+
+
+def hetero_parts(
+    mode: str,
+    controller: str | Controller | None,
+    options: ModeOptions,
+    *,
+    deadband: float,
+    smoothing: float,
+    batch_sizes: str | list[int],
+    min_batch_size: int | None,
+    max_batch_size: int | list[int] | str | None,
+    memory_safety: float,
+    probe_batch_sizes: list[int] | None,
+    modes: dict[str, type[Mode]] | None = None,
+) -> tuple[Mode, PlanState]:
+    """Check a strategy's hetero options and build its mode and plan state (before the
+    Lightning strategy is built, so that bad input fails first). ``modes``: the engine's
+    registry (default: DDP's)."""
+    check_replan_options(deadband, smoothing, options.adjust_every)
+    check_probe_options(memory_safety, probe_batch_sizes)
+    training_mode = build_mode(mode, controller, deadband, options, modes=modes)
+    total = options.global_batch_size
+    initial = check_plan_options(batch_sizes, total, min_batch_size, max_batch_size)
+    return training_mode, PlanState(initial, total, min_batch_size, max_batch_size)
 
 
 class HeteroEngine:
     """Per-rank batch sizes for a Lightning ``ParallelStrategy`` (mix in before it).
 
-    The strategy's constructor calls :meth:`_start_hetero` once its options are checked.
+    The strategy's constructor checks its options with :func:`hetero_parts` and, once the
+    Lightning strategy is built, calls :meth:`_start_hetero`.
     """
 
     #: The running training mode, which every lifecycle hook is handed to.

@@ -13,12 +13,9 @@ from typing_extensions import override
 
 from lightning_hetero._lightning import materialize_module, optimizers_to_device
 from lightning_hetero._namespaces import LateBinding
-from lightning_hetero._probes import check_probe_options
-from lightning_hetero.engine import HeteroEngine
-from lightning_hetero.modes import ModeOptions, ShardedMode, build_mode
-from lightning_hetero.plan_state import PlanState, check_plan_options
+from lightning_hetero.engine import HeteroEngine, hetero_parts
+from lightning_hetero.modes import ModeOptions, ShardedMode
 from lightning_hetero.planning import Controller
-from lightning_hetero.replan import check_replan_options
 
 __all__ = ["HeteroFSDPStrategy"]
 
@@ -181,11 +178,12 @@ class HeteroFSDPStrategy(LateBinding, HeteroEngine, _ShardedParallel):
             )
         if shard_modules is not None and not all(isinstance(n, str) for n in shard_modules):
             raise TypeError(f"`shard_modules` must be a list of class names, got {shard_modules}.")
-        check_replan_options(deadband, smoothing, adjust_every)
-        check_probe_options(memory_safety, probe_batch_sizes)
         options = ModeOptions(adjust_every=adjust_every, global_batch_size=global_batch_size)
-        training_mode = build_mode(mode, controller, deadband, options, modes=FSDP_MODES)
-        initial = check_plan_options(batch_sizes, global_batch_size, min_batch_size, max_batch_size)
+        training_mode, plan_state = hetero_parts(
+            mode, controller, options, deadband=deadband, smoothing=smoothing,
+            batch_sizes=batch_sizes, min_batch_size=min_batch_size, max_batch_size=max_batch_size,
+            memory_safety=memory_safety, probe_batch_sizes=probe_batch_sizes, modes=FSDP_MODES,
+        )  # fmt: skip
         super().__init__(
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=1,
@@ -196,7 +194,7 @@ class HeteroFSDPStrategy(LateBinding, HeteroEngine, _ShardedParallel):
         self.mode, self.deadband, self.shard_modules = mode, deadband, shard_modules
         self._start_hetero(
             training_mode,
-            PlanState(initial, global_batch_size, min_batch_size, max_batch_size),
+            plan_state,
             shuffle=shuffle,
             smoothing=smoothing,
             adjust_every=adjust_every,

@@ -21,12 +21,9 @@ from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from lightning_hetero._namespaces import LateBinding
-from lightning_hetero._probes import check_probe_options
-from lightning_hetero.engine import HeteroEngine
-from lightning_hetero.modes import ModeOptions, build_mode
-from lightning_hetero.plan_state import PlanState, check_plan_options
+from lightning_hetero.engine import HeteroEngine, hetero_parts
+from lightning_hetero.modes import ModeOptions
 from lightning_hetero.planning import Controller
-from lightning_hetero.replan import check_replan_options
 
 __all__ = ["HeteroStrategy"]
 
@@ -156,14 +153,15 @@ class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
                 f"HeteroStrategy installs its own weighted communication hook; {forbidden}"
                 " cannot be combined with it."
             )
-        check_replan_options(deadband, smoothing, adjust_every)
-        check_probe_options(memory_safety, probe_batch_sizes)
         options = ModeOptions(
             adjust_every, weighted, lr_scaling, rpc_timeout, megabatch_size, delta,
             perturb_threshold, gamma, global_batch_size,
         )  # fmt: skip
-        training_mode = build_mode(mode, controller, deadband, options)
-        initial = check_plan_options(batch_sizes, global_batch_size, min_batch_size, max_batch_size)
+        training_mode, plan_state = hetero_parts(
+            mode, controller, options, deadband=deadband, smoothing=smoothing,
+            batch_sizes=batch_sizes, min_batch_size=min_batch_size, max_batch_size=max_batch_size,
+            memory_safety=memory_safety, probe_batch_sizes=probe_batch_sizes,
+        )  # fmt: skip
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -182,7 +180,7 @@ class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
         self.perturb_threshold = perturb_threshold
         self._start_hetero(
             training_mode,
-            PlanState(initial, global_batch_size, min_batch_size, max_batch_size),
+            plan_state,
             shuffle=shuffle,
             smoothing=smoothing,
             adjust_every=adjust_every,
