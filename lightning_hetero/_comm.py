@@ -1,19 +1,13 @@
-"""The weighted all-reduce communication hook and the step timers it feeds.
-
-No ``from __future__ import annotations`` here: torch checks the hook's evaluated
-annotations when it is registered.
-"""
+"""Step timers: each training step's compute time, apart from its waiting for other ranks."""
 
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-__all__ = ["CudaStepTimer", "HostStepTimer", "WeightedHookState", "weighted_allreduce_hook"]
+__all__ = ["CudaStepTimer", "HostStepTimer"]
 
 
 class HostStepTimer:
@@ -22,9 +16,9 @@ class HostStepTimer:
     A step runs from :meth:`start` (the batch is on the device) to its last *end mark*:
     the end of a backward pass (:meth:`backward_done`) or of an optimizer step
     (:meth:`step_done`), whichever came last. Inside it, the time spent waiting for other
-    ranks is the sum of its *wait segments*: each backward's, from the moment its last
-    gradient bucket was ready (:meth:`grads_ready`, reported by the comm hook) until the
-    backward ended (all-reduce finished, including waiting for slower ranks), and any
+    ranks is the sum of its *wait segments*: each backward's, from the moment its local
+    gradients were ready (the last :meth:`grads_ready` call; one per accumulated gradient)
+    until the backward ended (all-reduce finished, including waiting for slower ranks), and any
     other collective timed with :meth:`waiting` (e.g. a ``sync_dist`` metric reduction).
     ``wait_s`` is that sum, ``compute_s`` the step's time minus it: forward, every
     backward (manual optimization may run several), gradient clipping and the optimizer
@@ -144,6 +138,13 @@ class CudaStepTimer(HostStepTimer):
         event.record()
         return event
 
+    def grads_ready(self) -> None:
+        # called once per parameter: re-record one event per backward, not a new one per call
+        if self._start is not None:
+            if self._ready is None:
+                self._ready = torch.cuda.Event(enable_timing=True)
+            self._ready.record()
+
     def _finished(self, mark: torch.cuda.Event, synchronize: bool) -> bool:
         if synchronize:
             mark.synchronize()
@@ -152,31 +153,3 @@ class CudaStepTimer(HostStepTimer):
 
     def _elapsed_s(self, begin: torch.cuda.Event, end: torch.cuda.Event) -> float:
         return begin.elapsed_time(end) / 1e3
-
-
-@dataclass
-class WeightedHookState:
-    """What the hook needs: the group, this step's weight ``b_k / B``, and the timer."""
-
-    process_group: dist.ProcessGroup | None
-    world_size: int
-    timer: HostStepTimer
-    weighted: bool = True
-    weight: float = 1.0
-
-
-def weighted_allreduce_hook(
-    state: WeightedHookState, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """Scale the bucket by ``b_k / B`` and sum it over ranks (DESIGN formula 4).
-
-    Each rank's gradient is the mean over its own ``b_k`` samples, so the weighted
-    sum equals the gradient of the mean loss over all ``B`` samples. With
-    ``weighted=False`` it divides by the world size instead, as plain DDP does.
-    """
-    if bucket.is_last():
-        state.timer.grads_ready()
-    tensor = bucket.buffer()
-    tensor.mul_(state.weight if state.weighted else 1.0 / state.world_size)
-    future = dist.all_reduce(tensor, group=state.process_group, async_op=True).get_future()
-    return future.then(lambda fut: fut.value()[0])

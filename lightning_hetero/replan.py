@@ -30,6 +30,9 @@ from lightning_hetero.resources import ResourceMeter
 
 __all__ = ["RankReport", "ReplanHost", "Replanner", "check_replan_options"]
 
+#: Batches between two readings of the step timer outside boundaries.
+_COLLECT_EVERY = 64
+
 
 def check_replan_options(
     deadband: float, smoothing: float, adjust_every: Literal["epoch"] | int
@@ -148,9 +151,14 @@ class Replanner:
         self.host.training_mode.on_train_epoch_start()
 
     def batch_finished(self, epoch: int, step: int) -> None:
-        """A training batch ended: fold its timings in; a boundary every ``adjust_every``."""
-        self._collect()
+        """A training batch ended: a boundary every ``adjust_every`` batches.
+
+        Timings are folded in at boundaries (:meth:`report`) and every
+        ``_COLLECT_EVERY`` batches, which keeps the timer's pending steps few without
+        per-step work."""
         self.batches += 1
+        if self.batches % _COLLECT_EVERY == 0:
+            self._collect()
         if self.adjust_every != "epoch" and self.batches % self.adjust_every == 0:
             self.boundary(epoch, step)
 
@@ -163,6 +171,7 @@ class Replanner:
     # ---------------------------------------------------------------- the boundary
     def report(self) -> RankReport:
         """This rank's report for the boundary now."""
+        self._collect()
         s = self._smoother
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
         drawn = self.host.training_mode.drawn_steps()

@@ -232,6 +232,13 @@ class Mode:
         """Run the backward pass of ``loss`` (``run(loss)``; a mode may scale the loss)."""
         return run(loss)
 
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss * K * b_k / B`` for this step's :attr:`share`: once the ranks' gradients are
+        averaged (DDP's all-reduce, FSDP's reduce-scatter), rank ``k``'s weighs ``b_k / B``."""
+        local, total = self.share
+        factor = self._host().world_size * local / total
+        return loss if factor == 1.0 else loss * factor
+
     def post_backward(self) -> None:
         """A backward pass ended."""
         self._host().timer.backward_done()

@@ -6,7 +6,6 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_hetero._comm import WeightedHookState, weighted_allreduce_hook
 from lightning_hetero.modes.base import Mode
 
 __all__ = ["SynchronousMode"]
@@ -15,9 +14,12 @@ __all__ = ["SynchronousMode"]
 class SynchronousMode(Mode):
     """``mode="bsp"``: every rank steps together; rank ``k``'s gradient weighs ``b_k / B``.
 
-    The model is wrapped in ``DistributedDataParallel`` with a communication hook that scales
-    each gradient bucket by this step's ``b_k / B`` before the all-reduce sums it, which is
-    exactly the gradient of the mean loss over the ``B`` samples of the step.
+    The model is wrapped in ``DistributedDataParallel`` as it comes, with DDP's own (C++)
+    all-reduce, which averages the ranks' gradients. Each rank scales its loss by
+    ``K * b_k / B`` before backward, so the average is ``sum_k (b_k / B) g_k``: exactly the
+    gradient of the mean loss over the ``B`` samples of the step, with no Python on the
+    communication path. A hook after each parameter's gradient accumulation marks when this
+    rank's gradients are ready (the rest of the backward is waiting for the all-reduce).
     """
 
     name: ClassVar[str] = "bsp"
@@ -27,26 +29,11 @@ class SynchronousMode(Mode):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.hook_state: WeightedHookState | None = None
+        self._handles: list[Any] = []
 
     def register_hooks(self, model: Any) -> None:
-        # DDPStrategy registers hooks on CUDA only; ours must run on every device.
         assert isinstance(model, DistributedDataParallel)
-        host = self._host()
-        self.hook_state = WeightedHookState(
-            process_group=None,
-            world_size=host.world_size,
-            timer=host.timer,
-            weighted=self.options.weighted,
-            weight=1.0 / host.world_size,  # plain mean until the first step sets b_k / B
-        )
-        model.register_comm_hook(self.hook_state, weighted_allreduce_hook)
-
-    def on_train_batch_start(self, batch_idx: int) -> None:
-        super().on_train_batch_start(batch_idx)
-        if self.hook_state is not None:
-            local, total = self.share
-            self.hook_state.weight = local / total
+        self._handles = mark_grads_ready(model.module, self._host().timer.grads_ready)
 
     def backward(
         self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
@@ -54,4 +41,27 @@ class SynchronousMode(Mode):
         # DDP waits for the gradient all-reduce inside backward: a hung peer surfaces here
         # (the note names both, since backward can also fail on its own, e.g. out of memory).
         with self._host().comm.guarded("backward with its gradient all-reduce"):
-            return run(loss)
+            return run(self.scale_loss(loss) if self.options.weighted else loss)
+
+    def teardown(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        super().teardown()
+
+
+def mark_grads_ready(module: torch.nn.Module, ready: Callable[[], None]) -> list[Any]:
+    """Call ``ready()`` after each trainable parameter's gradient is accumulated.
+
+    The last call of a backward marks the moment all local gradients exist. Returns the
+    hook handles (``handle.remove()`` takes a hook off).
+    """
+
+    def hook(_: torch.Tensor) -> None:
+        ready()
+
+    return [
+        param.register_post_accumulate_grad_hook(hook)
+        for param in module.parameters()
+        if param.requires_grad
+    ]

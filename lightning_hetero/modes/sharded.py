@@ -47,10 +47,8 @@ class ShardedMode(Mode):
     def backward(
         self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
-        local, total = self.share
-        factor = self._host().world_size * local / total
         with self._host().comm.guarded("backward with its gradient reduce-scatter"):
-            return run(loss * factor)
+            return run(self.scale_loss(loss))
 
     def post_backward(self) -> None:
         host = self._host()

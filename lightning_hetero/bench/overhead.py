@@ -1,0 +1,160 @@
+"""The plugin's own per-step cost: HeteroStrategy against plain DDPStrategy on a tiny model.
+
+    python -m lightning_hetero.bench --overhead [--repeats 3] [--steps 400]
+
+Two gloo ranks train a small MLP on random data with no throttle and a uniform plan, so
+both strategies do the same arithmetic and any difference in step time is the plugin's
+per-step work (its hook, timer and callbacks). Each run records the time between
+consecutive ``on_train_batch_start`` calls on rank 0 and reports the median step after a
+warm-up; runs alternate DDP/Hetero in pairs, and the figure is the ratio within each pair.
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["measure_overhead", "overhead_table", "run_child"]
+
+_WARMUP = 50
+
+
+def run_child(config: dict[str, Any]) -> None:
+    """One training run (this process and the rank Lightning launches); rank 0 writes JSON."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_hetero.strategy import HeteroStrategy
+
+    torch.set_num_threads(1)
+    pl.seed_everything(0, verbose=False)
+    steps, batch, width = config["steps"] + _WARMUP, config["batch_size"], config["width"]
+    generator = torch.Generator().manual_seed(0)
+    samples = steps * batch * 2 + batch
+    data = TensorDataset(
+        torch.randn(samples, width, generator=generator),
+        torch.randint(0, 10, (samples,), generator=generator),
+    )
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            inputs, labels = batch
+            return nn.functional.cross_entropy(self.net(inputs), labels)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(data, batch_size=batch, shuffle=True)
+
+    class StepClock(pl.Callback):
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_train_batch_start(self, *args: Any) -> None:
+            self.marks.append(time.perf_counter())
+
+    clock = StepClock()
+    defaults = bool(config.get("defaults", False))
+    strategy: Any = (
+        HeteroStrategy(**config.get("options", {}))
+        if config["strategy"] == "hetero"
+        else DDPStrategy()
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=steps,
+        max_epochs=1,
+        callbacks=[clock],
+        # Lightning's defaults (logger, progress bar, checkpoint) or none of them
+        logger=defaults,
+        enable_checkpointing=defaults,
+        enable_progress_bar=defaults,
+        enable_model_summary=defaults,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(Tiny())
+    if trainer.global_rank == 0:
+        gaps = [b - a for a, b in zip(clock.marks[_WARMUP:], clock.marks[_WARMUP + 1 :])]
+        Path(config["result"]).write_text(json.dumps({"step_s": gaps}))
+
+
+def _launch(config: dict[str, Any], workdir: Path) -> list[float]:
+    from lightning_hetero.bench.run import child_env
+
+    result = workdir / "overhead.json"
+    result.unlink(missing_ok=True)
+    config = {**config, "result": str(result)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_hetero.bench.overhead", json.dumps(config)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=workdir,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"The run {config} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(result.read_text())["step_s"]
+
+
+def measure_overhead(
+    repeats: int = 3,
+    steps: int = 400,
+    batch_size: int = 32,
+    width: int = 64,
+    defaults: bool = False,
+    options: dict[str, Any] | None = None,
+    progress: Any = None,
+) -> list[dict[str, float]]:
+    """Alternated DDP/Hetero pairs; per pair the median step of each and their ratio."""
+    base = {"steps": steps, "batch_size": batch_size, "width": width, "defaults": defaults}
+    pairs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(repeats):
+            medians = {}
+            order = ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp")
+            for name in order:
+                config = {**base, "strategy": name, "options": options or {}}
+                medians[name] = statistics.median(_launch(config, Path(tmp)))
+                if progress is not None:
+                    progress.update()
+            medians["ratio"] = medians["hetero"] / medians["ddp"]
+            pairs.append(medians)
+    return pairs
+
+
+def overhead_table(pairs: Sequence[dict[str, float]]) -> str:
+    """Markdown: min / median / max over pairs of each strategy's median step and the ratio."""
+
+    def cell(key: str, scale: float, fmt: str) -> str:
+        values = sorted(pair[key] * scale for pair in pairs)
+        spread = (values[0], statistics.median(values), values[-1])
+        return " / ".join(format(v, fmt) for v in spread)
+
+    return "\n".join(
+        [
+            "| DDPStrategy step (ms) | HeteroStrategy step (ms) | Hetero / DDP |",
+            "|---|---|---|",
+            f"| {cell('ddp', 1e3, '.3f')} | {cell('hetero', 1e3, '.3f')}"
+            f" | {cell('ratio', 1, '.3f')} |",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    run_child(json.loads(sys.argv[1]))
