@@ -52,9 +52,11 @@ class HeteroCallback(Callback):
 
     It hands Lightning's training hooks to the strategy's re-planner (after every training
     batch the step timings are folded into an EWMA; at each boundary, an epoch end or every
-    ``adjust_every`` batches, every rank's report is all-gathered, rank 0 runs the
-    controller and broadcasts the plan, every rank applies it and appends a record to
-    ``strategy.history``), logs each record to every attached logger:
+    ``adjust_every`` batches, every rank's report is all-gathered, every rank runs the
+    controller (a ``replicable`` one; otherwise rank 0 runs it and broadcasts the plan),
+    applies the plan and appends a record to ``strategy.history``), logs records to every
+    attached logger (every epoch boundary; a boundary every N batches when it changed the
+    plan or ``Trainer(log_every_n_steps=...)`` steps have passed since the last one logged):
     ``hetero/batch_size/rank{k}``, ``hetero/compute_time/rank{k}``,
     ``hetero/wait_time/rank{k}``, ``hetero/throughput/rank{k}``,
     ``hetero/memory_used/rank{k}``, ``hetero/balance`` and ``hetero/adjustments``, and saves
@@ -83,6 +85,7 @@ class HeteroCallback(Callback):
         self._restored: dict[str, Any] | None = None
         self._replanner: Replanner | None = None
         self._started = False  # this fit's `on_fit_start` ran
+        self._logged_step: int | None = None  # the global step of the last record logged
 
     @property
     @override
@@ -105,6 +108,7 @@ class HeteroCallback(Callback):
         replanner = self._replanner_of(trainer)
         replanner.start()
         self._replanner, self._started = replanner, True
+        self._logged_step = None
         replanner.on_record = lambda entry: self._log(trainer, entry)
         if self._restored is not None:
             state, self._restored = self._restored, None
@@ -139,6 +143,15 @@ class HeteroCallback(Callback):
 
     # ---------------------------------------------------------------- logging
     def _log(self, trainer: "pl.Trainer", entry: dict[str, Any]) -> None:
+        step = trainer.global_step
+        if (
+            self._replanner_of(trainer).adjust_every != "epoch"
+            and not entry["changed"]
+            and self._logged_step is not None
+            and step - self._logged_step < trainer.log_every_n_steps
+        ):
+            return  # every few batches: as often as Lightning logs, and every change
+        self._logged_step = step
         metrics: dict[str, float] = {}
         for rank, (b, t, w) in enumerate(
             zip(entry["batch_sizes"], entry["compute_times"], entry["wait_times"])
@@ -155,7 +168,7 @@ class HeteroCallback(Callback):
         metrics["hetero/balance"] = entry["balance"]
         metrics["hetero/adjustments"] = float(self._replanner_of(trainer).adjustments)
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.log_metrics(metrics, step=step)
 
     @rank_zero_only
     def _add_tensorboard_layout(self, trainer: "pl.Trainer") -> None:

@@ -1,4 +1,4 @@
-"""The re-planner: measure each rank, decide on rank 0, apply everywhere, keep the history.
+"""The re-planner: measure each rank, decide one plan, apply it everywhere, keep the history.
 
 One :class:`Replanner` belongs to each strategy. It folds every training step's timings into
 an EWMA; at a boundary (an epoch end, every ``adjust_every`` batches, or when a mode calls
@@ -65,6 +65,8 @@ class RankReport:
     memory_used: float
     cpu_available: float
     memory_available: float
+    #: :func:`plan_checksum` of the plan in force on this rank (ranks must agree).
+    plan_check: int = 0
 
     @classmethod
     def from_row(cls, row: Sequence[float]) -> "RankReport":
@@ -79,6 +81,14 @@ class RankReport:
     def stats(self, updates: int | None = None) -> RankStats:
         """The controller's side readings of this rank."""
         return RankStats(self.memory_used, self.cpu_available, self.memory_available, updates)
+
+
+def plan_checksum(plan: Sequence[int]) -> int:
+    """A number that tells plans apart (exact in a float64 row: below ``2**31``)."""
+    check = len(plan)
+    for size in plan:
+        check = (check * 1_000_003 + int(size)) % 2_147_483_647
+    return check
 
 
 class ReplanHost(Protocol):
@@ -99,7 +109,7 @@ class ReplanHost(Protocol):
 
 
 class Replanner:
-    """Boundaries: gather reports, decide on rank 0, broadcast, apply, record.
+    """Boundaries: gather reports, decide (every rank, or rank 0 and broadcast), apply, record.
 
     Args:
         host: the strategy.
@@ -175,7 +185,8 @@ class Replanner:
         s = self._smoother
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
         drawn = self.host.training_mode.drawn_steps()
-        return RankReport(s.batch_size, s.compute_s, s.wait_s, s.steps, drawn, *readings)
+        check = plan_checksum(self.host.plan_state.batch_sizes)
+        return RankReport(s.batch_size, s.compute_s, s.wait_s, s.steps, drawn, *readings, check)
 
     def boundary(self, epoch: int, step: int, updates: list[int] | None = None) -> None:
         """Gather every rank's report, re-plan on rank 0, apply the plan everywhere.
@@ -192,6 +203,7 @@ class Replanner:
         extra = host.training_mode.boundary_stats()  # before the gather (see the mode)
         with host.comm.guarded("the boundary's all-gather"):
             reports = [RankReport.from_row(row) for row in host.comm.gather_rows(report.row())]
+        self._check_same_plan(reports)
         measured = [r.batch_size for r in reports]
         compute_s = [r.compute_s for r in reports]
         first_undrawn_step = max(r.drawn for r in reports)
@@ -231,9 +243,12 @@ class Replanner:
             )
         else:
             entry["balance"] = balance_efficiency(plan, compute_s)
-            decided = self._decide(plan, compute_s, stats) if host.global_rank == 0 else plan
-            with host.comm.guarded("the plan broadcast"):
-                new_plan = self._broadcast(decided)
+            if self.controller.replicable:  # every rank decides: no broadcast
+                new_plan = self._checked(self._decide(plan, compute_s, stats))
+            else:
+                decided = self._decide(plan, compute_s, stats) if host.global_rank == 0 else plan
+                with host.comm.guarded("the plan broadcast"):
+                    new_plan = self._checked(host.comm.broadcast_ints(decided))
             if new_plan != plan:
                 host.apply_plan(new_plan, from_step=first_undrawn_step)
                 self.adjustments += 1
@@ -247,8 +262,9 @@ class Replanner:
             self.on_record(entry)
 
     def _decide(self, plan: list[int], compute_s: list[float], stats: list[RankStats]) -> list[int]:
-        """Rank 0 runs the controller; its warnings are re-emitted once, and a failure
-        becomes an all-zero plan so that every rank raises instead of waiting."""
+        """Run the controller (on every rank if it is ``replicable``, else on rank 0); its
+        warnings are re-emitted once, and a failure becomes the all-zero plan, so that
+        every rank raises (:meth:`_checked`) instead of waiting."""
         limits = self.host.plan_state.limits
         assert limits is not None
         with warnings.catch_warnings(record=True) as caught:
@@ -262,19 +278,30 @@ class Replanner:
             rank_zero_warn(str(warning.message))
         return new_plan
 
-    def _broadcast(self, batch_sizes: Sequence[int]) -> list[int]:
-        """Rank 0's plan, on every rank (the controller runs on rank 0 only).
+    def _checked(self, plan: list[int]) -> list[int]:
+        """``plan``, unless it is the all-zero plan that marks a controller failure.
 
         Raises:
-            RuntimeError: rank 0 sent the all-zero plan that marks a controller failure.
+            RuntimeError: the controller failed.
         """
-        plan = self.host.comm.broadcast_ints(batch_sizes)
         if not any(plan):
             raise RuntimeError(
-                f"hetero: the {type(self.controller).__name__} controller failed on rank 0 (see"
-                " its warning above); stopping every rank."
+                f"hetero: the {type(self.controller).__name__} controller failed (see its"
+                " warning above); stopping every rank."
             )
         return plan
+
+    def _check_same_plan(self, reports: Sequence[RankReport]) -> None:
+        """Stop every rank if they hold different plans (a controller marked ``replicable``
+        that decided differently on some rank)."""
+        checks = [r.plan_check for r in reports]
+        if len(set(checks)) > 1:
+            raise RuntimeError(
+                f"hetero: the ranks hold different plans (checksums {checks}): the"
+                f" {type(self.controller).__name__} controller is marked `replicable` but did not"
+                " decide alike on every rank. Set `replicable = False` on it, so that rank 0"
+                " decides and broadcasts, and resume from the last checkpoint."
+            )
 
     def _check_minimum(self) -> list[int]:
         """Ranks the new plan holds at their minimum though slower; warns once per rank."""

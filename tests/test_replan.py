@@ -11,16 +11,17 @@ from lightning_hetero._comm import HostStepTimer
 from lightning_hetero.collectives import Collectives
 from lightning_hetero.plan_state import PlanState
 from lightning_hetero.planning import BatchLimits, Controller, ProportionalController
-from lightning_hetero.replan import RankReport, Replanner, check_replan_options
+from lightning_hetero.replan import RankReport, Replanner, check_replan_options, plan_checksum
 
 
 def test_a_report_travels_as_one_row_and_comes_back_typed():
-    report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6)
+    report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6, plan_checksum([3, 5]))
     row = report.row()
-    assert row == [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6]
+    assert row == [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6, float(plan_checksum([3, 5]))]
     back = RankReport.from_row(row)
     assert back == report
     assert isinstance(back.batch_size, int) and isinstance(back.drawn, int)
+    assert isinstance(back.plan_check, int)
     assert back.stats(updates=5).updates == 5 and back.stats().memory_used == 0.2
 
 
@@ -88,19 +89,76 @@ def test_a_boundary_with_timings_runs_the_controller_and_counts_batches():
     assert replanner.batches == 2 and replanner.adjustments == 0
 
 
-def test_a_failing_controller_stops_every_rank_with_its_name():
+@pytest.mark.parametrize("replicable", [False, True])
+def test_a_failing_controller_stops_every_rank_with_its_name(replicable):
     class _Broken(Controller):
         def update(self, batch_sizes, compute_s, limits, stats=None):
             raise ZeroDivisionError("no speed")
+
+    _Broken.replicable = replicable
 
     host = _Host([8])
     replanner = Replanner(host, _Broken(), smoothing=0.0, adjust_every="epoch")
     _timed(host, 8, 2, 0.04)
     with (
         pytest.warns(UserWarning, match="the controller failed: ZeroDivisionError"),
-        pytest.raises(RuntimeError, match="the _Broken controller failed on rank 0"),
+        pytest.raises(RuntimeError, match="the _Broken controller failed"),
     ):
         replanner.epoch_finished(epoch=0, step=2)
+
+
+class _CountingComm(Collectives):
+    """One rank's collectives that count broadcasts and gather the rows it is given."""
+
+    def __init__(self, rows: list[list[float]] | None = None) -> None:
+        super().__init__(0, 2, torch.device("cpu"))
+        object.__setattr__(self, "broadcasts", [])
+        object.__setattr__(self, "rows", rows)
+
+    def gather_rows(self, values):
+        return [list(values)] + (self.rows or [list(values)])
+
+    def broadcast_ints(self, values):
+        self.broadcasts.append(list(values))
+        return list(values)
+
+
+def _two_ranks(controller: Controller, rows: list[list[float]] | None = None) -> _Host:
+    host = _Host([8, 8])
+    host.world_size = 2
+    host.plan_state = PlanState(plan=[8, 8], limits=BatchLimits.build(2, 16))
+    host.comm = _CountingComm(rows)
+    _timed(host, 8, 3, 0.04)
+    return host
+
+
+@pytest.mark.parametrize("replicable", [False, True])
+def test_a_replicable_controller_decides_on_every_rank_without_a_broadcast(replicable):
+    controller = ProportionalController()
+    assert controller.replicable  # plain float arithmetic: the same plan on every machine
+    controller.replicable = replicable
+    host = _two_ranks(controller)
+    replanner = Replanner(host, controller, smoothing=0.0, adjust_every="epoch")
+    replanner.start()
+    replanner.epoch_finished(epoch=0, step=3)
+    assert host.comm.broadcasts == ([] if replicable else [[8, 8]])
+    assert replanner.history[-1]["next_batch_sizes"] == [8, 8]
+
+
+def test_ranks_holding_different_plans_stop_with_a_message_naming_the_controller():
+    peer = RankReport(8, 0.04, 0.0, 3, 4, 0.1, 0.5, 0.5, plan_checksum([9, 7]))
+    host = _two_ranks(ProportionalController(), rows=[peer.row()])
+    replanner = Replanner(host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
+    replanner.start()
+    with pytest.raises(RuntimeError, match="different plans.*ProportionalController.*replicable"):
+        replanner.epoch_finished(epoch=0, step=3)
+
+
+def test_plan_checksums_tell_plans_apart_and_stay_exact_in_a_float_row():
+    plans = [[8, 8], [9, 7], [7, 9], [16], [8, 8, 0], [1] * 4096, [10**6] * 1024]
+    checks = [plan_checksum(p) for p in plans]
+    assert len(set(checks)) == len(plans)
+    assert all(0 <= c < 2**31 and float(c) == c for c in checks)
 
 
 def test_the_state_round_trip_restores_plan_controller_history_and_counters():

@@ -90,7 +90,9 @@ def run_child(config: dict[str, Any]) -> None:
     trainer.fit(Tiny())
     if trainer.global_rank == 0:
         gaps = [b - a for a, b in zip(clock.marks[_WARMUP:], clock.marks[_WARMUP + 1 :])]
-        Path(config["result"]).write_text(json.dumps({"step_s": gaps}))
+        history = getattr(strategy, "history", [])
+        boundary_s = [entry["boundary_s"] for entry in history]
+        Path(config["result"]).write_text(json.dumps({"step_s": gaps, "boundary_s": boundary_s}))
 
 
 def _launch(config: dict[str, Any], workdir: Path) -> list[float]:

@@ -124,6 +124,11 @@ class Controller(ABC):
 
     #: Name under which the controller is selected, e.g. ``HeteroStrategy(controller="static")``.
     name: ClassVar[str]
+    #: Every rank reaches the same plan from the same gathered numbers, bit for bit, on any
+    #: machine (plain float arithmetic only: no libm, torch or randomness). Then each rank
+    #: decides for itself and a boundary needs one collective; otherwise rank 0 decides and
+    #: broadcasts. Leave it ``False`` unless that holds.
+    replicable: bool = False
 
     @abstractmethod
     def update(

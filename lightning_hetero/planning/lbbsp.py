@@ -103,6 +103,8 @@ class LBBSPController(Controller):
         if not 0.0 <= deadband < 1.0:
             raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
         self.predictor = predictor
+        # NARX trains a torch network: not bit-identical across machines
+        self.replicable = predictor in ("last", "ema")
         self.alpha = alpha
         self.deadband = deadband
         self.narx_options = {

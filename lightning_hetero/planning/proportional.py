@@ -70,6 +70,7 @@ class ProportionalController(Controller):
     """
 
     name = "proportional"
+    replicable = True
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ class StaticController(Controller):
     """
 
     name = "static"
+    replicable = True
 
     def update(
         self,

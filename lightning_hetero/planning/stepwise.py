@@ -74,6 +74,7 @@ class StepwiseController(Controller):
     """
 
     name = "stepwise"
+    replicable = True
 
     def __init__(
         self,

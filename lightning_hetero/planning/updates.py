@@ -75,6 +75,7 @@ class UpdatesController(Controller):
     """
 
     name = "updates"
+    replicable = True
 
     def __init__(
         self, beta: float | None = None, megabatch_size: int | None = None, deadband: float = 0.0
