@@ -101,7 +101,8 @@ class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
 
     The positional arguments are those of :class:`~lightning.pytorch.strategies.DDPStrategy`,
     in its order; the options above are keyword-only. DDP communication hooks and
-    post-local-SGD cannot be combined with this strategy: it installs its own hook.
+    post-local-SGD are refused: gradients are weighted by scaling each rank's loss and
+    averaged by DDP's own all-reduce, which they would replace.
 
     The first plan is made when Lightning loads the training data at the start of ``fit``,
     after the optimizers exist (see the README for ``estimated_stepping_batches``).
@@ -150,8 +151,10 @@ class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
         forbidden = [name for name, value in zip(own_hook, given) if value is not None]
         if forbidden:
             raise ValueError(
-                f"HeteroStrategy installs its own weighted communication hook; {forbidden}"
-                " cannot be combined with it."
+                f"HeteroStrategy does not take {forbidden}: it weights each rank's gradient by"
+                " scaling its loss and relies on DDP's own averaging all-reduce, which a"
+                " communication hook or post-local-SGD would replace (Lightning registers them"
+                " on CUDA only). For local SGD use HeteroStrategy(mode='local')."
             )
         options = ModeOptions(
             adjust_every, weighted, lr_scaling, rpc_timeout, megabatch_size, delta,

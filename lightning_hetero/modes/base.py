@@ -166,7 +166,7 @@ class Mode:
         return wrap(model) if self.wraps_model else model
 
     def register_hooks(self, model: Any) -> None:
-        """Install communication hooks on the wrapped model."""
+        """Install the mode's hooks on the wrapped model (e.g. the grads-ready marks)."""
 
     def first_plan(self, loader: DataLoader, probe_time: TimeProbe) -> list[int] | None:
         """A plan made by the mode itself (``None``: the strategy's plan state makes it)."""
