@@ -12,6 +12,8 @@ import math
 import socket
 import time
 import warnings
+import zlib
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Literal, Protocol
@@ -71,8 +73,15 @@ class RankReport:
     @classmethod
     def from_row(cls, row: Sequence[float]) -> "RankReport":
         """The report a gathered row holds."""
-        kinds = [f.type for f in fields(cls)]
-        return cls(*(int(v) if kind in (int, "int") else float(v) for v, kind in zip(row, kinds)))
+        return cls(*[kind(v) for kind, v in zip(_FIELD_KINDS, row)])
+
+    @staticmethod
+    def columns(rows: Sequence[Sequence[float]]) -> dict[str, list[Any]]:
+        """Gathered rows as one typed list per field, in rank order (cheap for many ranks)."""
+        return {
+            f.name: list(map(kind, column))
+            for f, kind, column in zip(fields(RankReport), _FIELD_KINDS, zip(*rows))
+        }
 
     def row(self) -> list[float]:
         """This report as one row of floats."""
@@ -83,12 +92,14 @@ class RankReport:
         return RankStats(self.memory_used, self.cpu_available, self.memory_available, updates)
 
 
+#: The type of each field of a report, in order (a row holds them all as floats).
+_FIELD_KINDS = tuple(int if f.type in (int, "int") else float for f in fields(RankReport))
+
+
 def plan_checksum(plan: Sequence[int]) -> int:
-    """A number that tells plans apart (exact in a float64 row: below ``2**31``)."""
-    check = len(plan)
-    for size in plan:
-        check = (check * 1_000_003 + int(size)) % 2_147_483_647
-    return check
+    """A number that tells plans apart: CRC-32 of the sizes as 64-bit integers (the same on
+    every machine, and exact in a float64 row)."""
+    return zlib.crc32(array("q", plan).tobytes())
 
 
 class ReplanHost(Protocol):
@@ -202,30 +213,30 @@ class Replanner:
         report = self.report()
         extra = host.training_mode.boundary_stats()  # before the gather (see the mode)
         with host.comm.guarded("the boundary's all-gather"):
-            reports = [RankReport.from_row(row) for row in host.comm.gather_rows(report.row())]
-        self._check_same_plan(reports)
-        measured = [r.batch_size for r in reports]
-        compute_s = [r.compute_s for r in reports]
-        first_undrawn_step = max(r.drawn for r in reports)
-        counts = updates or [None] * len(reports)
+            got = RankReport.columns(host.comm.gather_rows(report.row()))
+        self._check_same_plan(got["plan_check"])
+        measured, compute_s = got["batch_size"], got["compute_s"]
+        first_undrawn_step = max(got["drawn"])
+        counts = updates or [None] * len(measured)
         self._samples_per_s = [
             b / t if math.isfinite(t) and t > 0 else math.nan for b, t in zip(measured, compute_s)
         ]
         self._measured_batch_sizes = measured
-        stats = [r.stats(counts[k]) for k, r in enumerate(reports)]
+        readings = (got["memory_used"], got["cpu_available"], got["memory_available"])
+        stats = list(map(RankStats, *readings, counts))
         plan = state.batch_sizes
         entry: dict[str, Any] = {
             "epoch": epoch,
             "step": step,
             "batch_sizes": plan,
             "compute_times": compute_s,
-            "wait_times": [r.wait_s for r in reports],
-            "memory_used": [r.memory_used for r in reports],
+            "wait_times": got["wait_s"],
+            "memory_used": got["memory_used"],
             "updates": updates,
             "balance": float("nan"),
             "changed": False,
         }
-        no_timings = [rank for rank, r in enumerate(reports) if r.steps < 1]
+        no_timings = [rank for rank, steps in enumerate(got["steps"]) if steps < 1]
         if no_timings:
             rank_zero_warn(
                 f"hetero: ranks {no_timings} have no finite step timings since the last change;"
@@ -291,10 +302,9 @@ class Replanner:
             )
         return plan
 
-    def _check_same_plan(self, reports: Sequence[RankReport]) -> None:
-        """Stop every rank if they hold different plans (a controller marked ``replicable``
-        that decided differently on some rank)."""
-        checks = [r.plan_check for r in reports]
+    def _check_same_plan(self, checks: Sequence[int]) -> None:
+        """Stop every rank if they hold different plans (their :func:`plan_checksum`
+        differ: a controller marked ``replicable`` that decided differently on some rank)."""
         if len(set(checks)) > 1:
             raise RuntimeError(
                 f"hetero: the ranks hold different plans (checksums {checks}): the"
