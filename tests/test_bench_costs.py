@@ -1,0 +1,30 @@
+"""The cost benchmarks run and report what they say (no timing is asserted)."""
+
+import pytest
+
+from lightning_hetero.bench.boundary_cost import boundary_table, gather_s, replan_s
+from lightning_hetero.bench.overhead import measure_overhead, overhead_table
+
+
+def test_a_timed_boundary_changes_the_plan_it_is_given():
+    times = replan_s("proportional", 8, repeats=2)
+    assert len(times) == 2 and all(t > 0 for t in times)
+
+
+def test_the_boundary_table_has_a_row_per_size_and_a_column_per_controller():
+    table = boundary_table(controllers=("static", "stepwise"), sizes=(2, 16), gather_sizes=())
+    lines = table.splitlines()
+    assert len(lines) == 4 and "stepwise" in lines[0] and lines[2].startswith("| 2 | - |")
+
+
+def test_a_real_gather_is_timed_on_two_gloo_processes():
+    times = gather_s(2, calls=20)
+    assert len(times) == 18 and all(t > 0 for t in times)
+
+
+def test_the_overhead_benchmark_pairs_ddp_and_hetero_runs():
+    pairs = measure_overhead(repeats=1, steps=5, width=8)
+    (pair,) = pairs
+    assert pair["ratio"] == pytest.approx(pair["hetero"] / pair["ddp"])
+    table = overhead_table(pairs)
+    assert table.splitlines()[0].startswith("| DDPStrategy step (ms)")
