@@ -5,7 +5,8 @@
 Trains a small CNN on scikit-learn's handwritten digits with 4 gloo ranks whose speeds
 follow OmniLearn's HL4 (9:9:6:24 cores, emulated by the Throttle callback): first with
 plain uniform DDPStrategy, then with HeteroStrategy. Prints epoch times, balance and
-accuracy, and leaves CSV and TensorBoard logs (``tensorboard --logdir demo_logs``).
+accuracy, leaves CSV and TensorBoard logs (``tensorboard --logdir demo_logs``) and draws
+the HeteroStrategy run against DDP in ``demo_logs/demo.png`` (with matplotlib).
 """
 
 import argparse
@@ -17,6 +18,26 @@ from tqdm import tqdm
 
 from lightning_hetero.bench.run import launch
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, ideal_speedup, proportional_split
+from lightning_hetero.plots import plot_history
+
+SKIP = 2  # epochs left out of the steady state (the first re-plans)
+
+
+def ddp_baseline(summary: dict, epoch_s: float, ideal: float) -> dict:
+    """The DDP run as :func:`~lightning_hetero.plots.plot_history`'s ``baseline``."""
+    times = summary["step_times"]
+    steady = slice(SKIP, None) if len(times["compute_times"]) > SKIP else slice(None)
+
+    def per_rank(key: str) -> list[float]:
+        return [statistics.median(ranks) for ranks in zip(*times[key][steady])]
+
+    return {
+        "label": "DDP",
+        "compute_times": per_rank("compute_times"),
+        "wait_times": per_rank("wait_times"),
+        "epoch_s": epoch_s,
+        "ideal_speedup": ideal,
+    }
 
 
 def main() -> None:
@@ -24,6 +45,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--level", default="HL4", choices=list(HETEROGENEITY_LEVELS))
     parser.add_argument("--logs", type=Path, default=Path("demo_logs"))
+    parser.add_argument("--plot", type=Path, help="the chart (PNG); default: LOGS/demo.png")
     args = parser.parse_args()
 
     cores = HETEROGENEITY_LEVELS[args.level]
@@ -38,7 +60,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, tqdm(total=2, desc="training", unit="run") as bar:
         for name in ("ddp", "hetero"):
             bar.set_postfix_str(name)
-            results[name] = launch({**common, "strategy": name}, Path(tmp))
+            extra = {"step_times": True} if name == "ddp" else {}  # per-rank times for the chart
+            results[name] = launch({**common, "strategy": name, **extra}, Path(tmp))
             bar.update()
 
     print(f"\n{args.level}: speeds {list(cores)}, global batch {4 * 32}")
@@ -46,19 +69,34 @@ def main() -> None:
         f"{'strategy':<10}{'epoch time (s)':>16}{'balance':>10}{'val acc':>10}  final batch sizes"
     )
     for name, summary in results.items():
-        epoch_s = statistics.median(summary["epoch_s"][2:])
+        epoch_s = statistics.median(summary["epoch_s"][SKIP:])
         history = summary.get("history")
         balance = f"{history[-1]['balance']:.3f}" if history else "-"
         plan = summary.get("batch_sizes", [32] * 4)
         acc = summary["metrics"].get("val_acc", float("nan"))
         print(f"{name:<10}{epoch_s:>16.3f}{balance:>10}{acc:>10.3f}  {plan}")
-    ddp_s = statistics.median(results["ddp"]["epoch_s"][2:])
-    hetero_s = statistics.median(results["hetero"]["epoch_s"][2:])
+    ddp_s = statistics.median(results["ddp"]["epoch_s"][SKIP:])
+    hetero_s = statistics.median(results["hetero"]["epoch_s"][SKIP:])
     ideal = ideal_speedup(cores)
     print(f"\nspeedup {ddp_s / hetero_s:.2f}x (ideal {ideal:.2f}x);")
     print(f"speed-proportional split: {proportional_split(cores, 128)}")
     print(f"plan per boundary: {[h['next_batch_sizes'] for h in results['hetero']['history']]}")
     print(f"logs: tensorboard --logdir {args.logs}")
+    chart = args.plot or args.logs / "demo.png"
+    chart.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        plot_history(
+            results["hetero"]["history"],
+            chart,
+            baseline=ddp_baseline(results["ddp"], ddp_s, ideal),
+            epoch_s=hetero_s,
+            title=f"{args.level} on 4 emulated workers (speeds {list(cores)}): HeteroStrategy"
+            f" {ddp_s / hetero_s:.2f}\u00d7 faster than DDP per epoch (ideal {ideal:.2f}\u00d7)",
+        )
+    except ModuleNotFoundError as err:  # matplotlib: the plot extra
+        print(f"chart: not drawn: {err}")
+    else:
+        print(f"chart: {chart}")
 
 
 if __name__ == "__main__":

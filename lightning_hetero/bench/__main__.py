@@ -1,7 +1,7 @@
 """Benchmark: plain uniform DDP against HeteroStrategy on emulated heterogeneous clusters.
 
     python -m lightning_hetero.bench                      # HL1, HL2, HL4, HL8; 3 repeats
-    python -m lightning_hetero.bench --levels HL4 --repeats 1 --epochs 5
+    python -m lightning_hetero.bench --levels HL4 --repeats 1 --epochs 5 --plot hl4.png
     python -m lightning_hetero.bench --simulate           # controllers on the simulator
     python -m lightning_hetero.bench --modes              # time-to-accuracy of the modes
     python -m lightning_hetero.bench --dual               # uniform large vs dual vs hybrid
@@ -15,8 +15,10 @@ minimum, median and maximum over repeats.
 """
 
 import argparse
+import importlib.util
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,8 @@ from lightning_hetero.bench.simulate import (  # noqa: E402
 )
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, SimulationResult, ideal_speedup  # noqa: E402
 from lightning_hetero.planning.scenarios import SCENARIOS  # noqa: E402
+from lightning_hetero.plots import INSTALL as PLOT_INSTALL  # noqa: E402
+from lightning_hetero.plots import plot_speedup  # noqa: E402
 
 #: Columns of the report, with how each is printed.
 COLUMNS = {
@@ -132,6 +136,41 @@ def report(raw: dict[str, Any], skip: int) -> str:
     return "\n".join(lines) + "\n\nEach cell: min / median / max over repeats.\n" + legend + "\n"
 
 
+#: Where the level benchmark's chart goes without --plot or --json (git-ignored folder).
+DEFAULT_CHART = Path("bench_logs", "speedup.png")
+
+
+def speedup_rows(raw: dict[str, Any], skip: int, controller: str) -> list[dict[str, Any]]:
+    """The rows of :func:`~lightning_hetero.plots.plot_speedup`: each level's speedups over
+    repeats and its ideal."""
+    rows = []
+    for level, pairs in raw.items():
+        figures = [ratios(level, pair, skip) for pair in pairs]
+        speedups = [f["speedup"] for f in figures]
+        rows.append(
+            {
+                "level": level,
+                "controller": controller,
+                "ideal": figures[0]["ideal"],
+                "speedup": speedups,
+            }
+        )
+    return rows
+
+
+def _chart_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Path | None:
+    """Where the speedup chart goes (``None``: no chart), checked before the runs."""
+    if args.plot is False:
+        return None
+    path = args.plot or (args.json.with_suffix(".png") if args.json else DEFAULT_CHART)
+    if importlib.util.find_spec("matplotlib") is None:
+        if args.plot:
+            parser.error(f"--plot needs matplotlib: {PLOT_INSTALL}")
+        print(f"no speedup chart: matplotlib is not installed ({PLOT_INSTALL})", file=sys.stderr)
+        return None
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m lightning_hetero.bench", description=__doc__.split("\n")[0]
@@ -165,6 +204,17 @@ def main(argv: list[str] | None = None) -> None:
         help="the hetero runs' controller, name[:option=value,...]",
     )
     parser.add_argument("--json", type=Path, help="also write the raw runs here")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the level benchmark's chart of speedup vs ideal (PNG, needs matplotlib); default:"
+        f" the --json path with .png, else {DEFAULT_CHART}",
+    )
+    parser.add_argument(
+        "--no-plot", dest="plot", action="store_false", default=None, help="draw no chart"
+    )
     parser.add_argument(
         "--sharded",
         action="store_true",
@@ -252,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     hetero = {"adjust_every": adjust_every, "controller": name, "controller_options": options}
+    chart = _chart_path(parser, args)
     with tempfile.TemporaryDirectory() as tmp:
         raw = measure(
             args.levels,
@@ -265,6 +316,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
     print(report(raw, args.skip))
+    if chart is not None:
+        label = f"{args.controller} (FSDP2)" if args.sharded else args.controller
+        chart.parent.mkdir(parents=True, exist_ok=True)
+        plot_speedup(speedup_rows(raw, args.skip, label), chart)
+        print(f"chart: {chart}")
 
 
 def _check_accuracy_options(

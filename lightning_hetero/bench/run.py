@@ -24,8 +24,21 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.data import extract_batch_size
 
-__all__ = ["AccuracyCurve", "EpochTimer", "RunConfig", "child_env", "launch", "run", "run_pair"]
+from lightning_hetero._comm import HostStepTimer
+from lightning_hetero.modes.bsp import mark_grads_ready
+
+__all__ = [
+    "AccuracyCurve",
+    "EpochTimer",
+    "RunConfig",
+    "StepTimes",
+    "child_env",
+    "launch",
+    "run",
+    "run_pair",
+]
 
 
 @dataclass
@@ -69,6 +82,9 @@ class RunConfig:
     # per-rank CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (GPU, under an MPS daemon): unequal SM shares
     mps_shares: list[int] | None = None
     width: int = 1  # channel multiplier of the digits CNN
+    # "ddp" only: each rank's compute and wait time per step, with HeteroStrategy's meter
+    # (summary["step_times"], see StepTimes); off by default (a Python hook per parameter)
+    step_times: bool = False
 
 
 def _validating_in_fit(trainer: pl.Trainer) -> bool:
@@ -141,6 +157,57 @@ class AccuracyCurve(Callback):
         self.train_s = time.perf_counter() - self._train_start - self._val_s
 
 
+class StepTimes(Callback):
+    """Each rank's mean compute and wait time per step, per epoch, under plain DDP.
+
+    The same meter as HeteroStrategy's ``history`` (``compute_times``, ``wait_times``):
+    a :class:`~lightning_hetero._comm.HostStepTimer` whose wait runs from the moment the
+    local gradients are all accumulated (post-accumulate-grad hooks) to the end of the
+    backward, all-reduce included. After fit, every rank's ``compute_times`` and
+    ``wait_times`` hold one list per epoch with one value per rank.
+    """
+
+    def __init__(self) -> None:
+        self.timer = HostStepTimer()
+        self.compute_times: list[list[float]] = []
+        self.wait_times: list[list[float]] = []
+        self._epochs: list[tuple[float, float]] = []  # this rank's means per epoch
+        self._handles: list[Any] = []
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._handles = mark_grads_ready(pl_module, self.timer.grads_ready)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.timer.start(extract_batch_size(batch))
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.timer.backward_done()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        self.timer.step_done()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        records = self.timer.collect()
+        n = max(1, len(records))
+        compute_s = sum(c for _, c, _ in records) / n if records else math.nan
+        self._epochs.append((compute_s, sum(w for _, _, w in records) / n))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for handle in self._handles:
+            handle.remove()
+        if not self._epochs:  # every rank alike
+            return
+        mine = torch.tensor(self._epochs, dtype=torch.float64)
+        every = trainer.strategy.all_gather(mine)  # (ranks, epochs, 2)
+        every = every.reshape(-1, *mine.shape).cpu()
+        self.compute_times = every[:, :, 0].T.tolist()
+        self.wait_times = every[:, :, 1].T.tolist()
+
+
 def _model_and_data(config: RunConfig) -> tuple[pl.LightningModule, pl.LightningDataModule]:
     if config.model == "boring":
         from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
@@ -197,6 +264,10 @@ def run(config: RunConfig) -> dict[str, Any]:
     gpu = _shared_gpu(config)
     if gpu and config.strategy in ("hetero_fsdp", "fsdp"):
         raise ValueError("The sharded strategies run on CPU ranks in this benchmark.")
+    if config.step_times and config.strategy != "ddp":
+        raise ValueError(
+            f"`step_times` times plain DDP; strategy={config.strategy!r} has its own history."
+        )
     pl.seed_everything(config.seed, workers=True, verbose=False)
     if config.strategy == "hetero":
         strategy: Any = HeteroStrategy(
@@ -227,6 +298,9 @@ def run(config: RunConfig) -> dict[str, Any]:
         )
     timer, curve = EpochTimer(), AccuracyCurve()
     callbacks: list[Callback] = [timer]
+    step_times = StepTimes()
+    if config.step_times:
+        callbacks.append(step_times)
     if config.val_every_epoch:
         callbacks.append(curve)
     if config.sample_cost is not None:
@@ -281,6 +355,11 @@ def run(config: RunConfig) -> dict[str, Any]:
         "metrics": {k: float(v) for k, v in metrics.items()},
         "world_size": trainer.world_size,
     }
+    if config.step_times:
+        summary["step_times"] = {
+            "compute_times": step_times.compute_times,
+            "wait_times": step_times.wait_times,
+        }
     if config.val_every_epoch:
         summary["accuracy_curve"] = curve.points
         summary["train_s"] = curve.train_s
