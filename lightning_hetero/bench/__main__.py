@@ -6,6 +6,9 @@
     python -m lightning_hetero.bench --modes              # time-to-accuracy of the modes
     python -m lightning_hetero.bench --dual               # uniform large vs dual vs hybrid
     python -m lightning_hetero.bench --sharded            # FSDP2: ModelParallel vs hetero
+    python -m lightning_hetero.bench --overhead           # per-step cost vs DDPStrategy
+    python -m lightning_hetero.bench --boundary           # cost of one boundary by K
+    python -m lightning_hetero.bench --planning           # one decision per controller by K
 
 Every repeat runs both strategies back to back (alternating which goes first) on the
 same emulated cluster: 4 gloo ranks on this machine, each slowed by
@@ -267,9 +270,31 @@ def main(argv: list[str] | None = None) -> None:
     dual.add_argument("--small-workers", type=int, default=2, help="small-batch workers (of 4)")
     dual.add_argument("--extra-time-ratio", type=float, default=1.05, help="k > 1 (paper 003)")
     dual.add_argument("--large-batch", type=int, default=32, help="B_L, the large batch")
+    costs = parser.add_argument_group(
+        "costs", "the plugin's own costs (no emulated cluster; --repeats applies)"
+    )
+    costs.add_argument(
+        "--overhead",
+        action="store_true",
+        help="per-step time of HeteroStrategy vs DDPStrategy on a tiny model, 2 ranks",
+    )
+    costs.add_argument("--steps", type=int, default=400, help="timed steps per --overhead run")
+    costs.add_argument(
+        "--boundary", action="store_true", help="cost of one re-planning boundary by K"
+    )
+    costs.add_argument(
+        "--planning", action="store_true", help="one decision of every controller by K"
+    )
     args = parser.parse_args(argv)
-    if args.simulate + args.modes + args.dual > 1:
-        parser.error("--simulate, --modes and --dual are separate benchmarks; pick one")
+    chosen = args.simulate + args.modes + args.dual + args.overhead + args.boundary + args.planning
+    if chosen > 1:
+        parser.error(
+            "--simulate, --modes, --dual, --overhead, --boundary and --planning are separate"
+            " benchmarks; pick one"
+        )
+    if args.overhead or args.boundary or args.planning:
+        _run_costs(parser, args)
+        return
     if args.base_cost is None:
         args.base_cost = 0.0 if args.dual else 0.048
     if args.simulate:
@@ -339,6 +364,27 @@ def _check_accuracy_options(
     if unknown:
         parser.error(f"unknown --configs {unknown}; choose from {known}")
     return configs
+
+
+def _run_costs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.repeats < 1 or args.steps < 1:
+        parser.error("need --repeats >= 1 and --steps >= 1")
+    if args.overhead:
+        from lightning_hetero.bench.overhead import measure_overhead, overhead_table
+
+        with tqdm(total=2 * args.repeats, desc="overhead", unit="run") as bar:
+            pairs = measure_overhead(args.repeats, args.steps, defaults=True, progress=bar)
+        if args.json:
+            args.json.write_text(json.dumps(pairs, indent=1))
+        print(overhead_table(pairs))
+    elif args.boundary:
+        from lightning_hetero.bench.boundary_cost import boundary_table
+
+        print(boundary_table(repeats=args.repeats))
+    else:
+        from lightning_hetero.bench.planning_cost import planning_cost_table
+
+        print(planning_cost_table(repeats=args.repeats))
 
 
 def _run_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
