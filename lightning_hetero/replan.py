@@ -213,7 +213,10 @@ class Replanner:
         report = self.report()
         extra = host.training_mode.boundary_stats()  # before the gather (see the mode)
         with host.comm.guarded("the boundary's all-gather"):
-            got = RankReport.columns(host.comm.gather_rows(report.row()))
+            gather_started = time.perf_counter()
+            rows = host.comm.gather_rows(report.row())
+            gather_s = time.perf_counter() - gather_started  # waiting for the last rank too
+        got = RankReport.columns(rows)
         self._check_same_plan(got["plan_check"])
         measured, compute_s = got["batch_size"], got["compute_s"]
         first_undrawn_step = max(got["drawn"])
@@ -268,6 +271,7 @@ class Replanner:
         entry["next_batch_sizes"] = state.batch_sizes
         entry.update(extra)
         entry["boundary_s"] = time.perf_counter() - started
+        entry["gather_s"] = gather_s
         self.history.append(entry)
         if self.on_record is not None:
             self.on_record(entry)

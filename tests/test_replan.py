@@ -87,6 +87,7 @@ def test_a_boundary_with_timings_runs_the_controller_and_counts_batches():
     assert entry["step"] == 2 and entry["compute_times"] == [pytest.approx(0.04)]
     assert entry["balance"] == pytest.approx(1.0)
     assert replanner.batches == 2 and replanner.adjustments == 0
+    assert 0 <= entry["gather_s"] <= entry["boundary_s"]
 
 
 @pytest.mark.parametrize("replicable", [False, True])
