@@ -4,6 +4,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import isfinite, nan
+from operator import le
 from typing import Any, ClassVar
 
 from lightning_hetero.planning.split import PlanError, expand_bound
@@ -44,9 +45,8 @@ class BatchLimits:
         return (
             len(plan) == self.world_size
             and sum(plan) == self.global_batch_size
-            and all(
-                lo <= b <= hi for b, lo, hi in zip(plan, self.min_batch_size, self.max_batch_size)
-            )
+            and all(map(le, self.min_batch_size, plan))
+            and all(map(le, plan, self.max_batch_size))
         )
 
     def check(self) -> None:
@@ -102,14 +102,19 @@ def check_inputs(
         ValueError: lengths that differ from the world size, or a compute time that is not
             finite and positive.
     """
-    plan, times = list(batch_sizes), [float(t) for t in compute_s]
+    plan, times = list(batch_sizes), list(map(float, compute_s))
     readings = [RankStats()] * len(plan) if stats is None else list(stats)
     if not len(plan) == len(times) == len(readings) == limits.world_size:
         raise ValueError(
             f"Expected one batch size, compute time and RankStats per rank for"
             f" {limits.world_size} ranks, got {len(plan)}, {len(times)} and {len(readings)}."
         )
-    if not all(isfinite(t) and t > 0 for t in times):
+    # a finite sum has no inf or nan term: one pass in C for the usual case
+    if (
+        times
+        and not (isfinite(sum(times)) and min(times) > 0)
+        and not all(isfinite(t) and t > 0 for t in times)
+    ):
         raise ValueError(f"Compute times must be finite and positive, got {times}.")
     return plan, times, readings
 

@@ -2,11 +2,19 @@
 
 import warnings
 from collections.abc import Sequence
+from itertools import repeat
+from operator import gt, le, mul, sub, truediv
 from statistics import fmean
 from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
-from lightning_hetero.planning.split import balance_efficiency, proportional_split
+from lightning_hetero.planning.split import (
+    _clip,
+    _fill_level,
+    _round_shares,
+    balance_efficiency,
+    proportional_split,
+)
 
 __all__ = ["ProportionalController"]
 
@@ -103,7 +111,7 @@ class ProportionalController(Controller):
         stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
         current, compute_s, _ = check_inputs(batch_sizes, compute_s, limits, stats)
-        throughput = [b / t for b, t in zip(current, compute_s)]
+        throughput = list(map(truediv, current, compute_s))
         upper = self._upper_bounds(current, throughput, limits)
         self.last_batch_sizes, self.last_throughput = current, throughput
 
@@ -115,13 +123,14 @@ class ProportionalController(Controller):
             target = proportional_split(
                 throughput, limits.global_batch_size, limits.min_batch_size, upper
             )
-        out_of_bounds = any(
-            not lo <= b <= hi for b, lo, hi in zip(current, limits.min_batch_size, upper)
+        out_of_bounds = not (
+            all(map(le, limits.min_batch_size, current)) and all(map(le, current, upper))
         )
-        significant = (
-            any(abs(new - old) > self.deadband * old for new, old in zip(target, current))
-            and balance_efficiency(current, compute_s) < 1.0 - self.deadband
+        # some rank moves by more than the dead-band: |new - old| > deadband * old
+        moves = map(
+            gt, map(abs, map(sub, target, current)), map(mul, repeat(self.deadband), current)
         )
+        significant = balance_efficiency(current, compute_s) < 1.0 - self.deadband and any(moves)
         return target if significant or out_of_bounds else current
 
     def _upper_bounds(
@@ -130,16 +139,22 @@ class ProportionalController(Controller):
         world_size = len(current)
         if len(self.learned_max) != world_size:
             self.learned_max = [None] * world_size
-        if self.learn_max_batch_size and len(self.last_batch_sizes) == world_size:
-            for k in range(world_size):
-                grew = current[k] > (1.0 + self.deadband) * self.last_batch_sizes[k]
-                dropped = throughput[k] < (1.0 - self.throughput_drop) * self.last_throughput[k]
-                if grew and dropped:
-                    self.learned_max[k] = self.last_batch_sizes[k]
-        upper = [
-            hi if cap is None else max(lo, min(hi, cap))
-            for hi, lo, cap in zip(limits.max_batch_size, limits.min_batch_size, self.learned_max)
-        ]
+        last = self.last_batch_sizes
+        if self.learn_max_batch_size and len(last) == world_size and current != last:
+            grow, keep = 1.0 + self.deadband, 1.0 - self.throughput_drop
+            grew = [k for k, b, old in zip(range(world_size), current, last) if b > grow * old]
+            for k in grew:
+                if throughput[k] < keep * self.last_throughput[k]:  # and dropped
+                    self.learned_max[k] = last[k]
+        if self.learned_max.count(None) == world_size:
+            upper = list(limits.max_batch_size)
+        else:
+            upper = [
+                hi if cap is None else max(lo, min(hi, cap))
+                for hi, lo, cap in zip(
+                    limits.max_batch_size, limits.min_batch_size, self.learned_max
+                )
+            ]
         if sum(upper) < limits.global_batch_size:
             warnings.warn(
                 f"The learned maximum batch sizes {self.learned_max} leave no room for the global"
@@ -171,25 +186,32 @@ def _omnilearn_split(
     upper: Sequence[int],
 ) -> list[int]:
     """Paper 002's target: Eq. 6 per rank, then Eq. 8's equal shift back to ``total``."""
+    shares = _omnilearn_shares(batch_sizes, compute_s, total, lower, upper)
+    # The shares sum to the total within the bounds, so they are their own proportional
+    # split: only the rounding remains (the split of them would rescale by 1 +- rounding).
+    return _round_shares(shares, total, lower, upper)
+
+
+def _omnilearn_shares(
+    batch_sizes: Sequence[int],
+    compute_s: Sequence[float],
+    total: int,
+    lower: Sequence[int],
+    upper: Sequence[int],
+) -> list[float]:
+    """The real-valued target of :func:`_omnilearn_split`, summing to ``total``."""
     mean_s = fmean(compute_s)
     # Eq. 6: b - T_k * (t_k - t_mean) with T_k = b / t_k, i.e. b * t_mean / t_k.
-    moved = [b * mean_s / t for b, t in zip(batch_sizes, compute_s)]
+    moved = list(map(truediv, map(mul, batch_sizes, repeat(mean_s)), compute_s))
 
     def shifted(shift: float) -> list[float]:
-        return [min(max(x - shift, lo), hi) for x, lo, hi in zip(moved, lower, upper)]
+        return _clip(map(sub, moved, repeat(shift)), lower, upper)
 
     # Eq. 8: subtract dB / K from every rank. Where that crosses a bound, find the common
-    # shift that makes the clamped plan sum to the total (the sum falls as the shift grows).
+    # shift that makes the clamped plan sum to the total (the sum falls as the shift grows):
+    # water-filling with unit weights, the level being minus the shift.
     shares = shifted((sum(moved) - total) / len(moved))
     if abs(sum(shares) - total) > 1e-9 * total:
-        low = min(x - hi for x, hi in zip(moved, upper))
-        high = max(x - lo for x, lo in zip(moved, lower))
-        for _ in range(200):
-            mid = 0.5 * (low + high)
-            if sum(shifted(mid)) > total:
-                low = mid
-            else:
-                high = mid
-        shares = shifted(high)
-    # The shares already sum to the total: proportional_split only rounds them.
-    return proportional_split(shares, total, lower, upper)
+        level = _fill_level([1.0] * len(moved), total, lower, upper, offsets=moved)
+        shares = [float(lo) for lo in lower] if level is None else shifted(-level)
+    return shares

@@ -1,7 +1,9 @@
 """Batch size scaling by model-update counts (paper 004, Alg. 1)."""
 
 from collections.abc import Sequence
+from itertools import repeat
 from math import isfinite
+from operator import add, attrgetter, is_, le, mul, sub, truediv
 from statistics import fmean
 from typing import Any
 
@@ -122,15 +124,20 @@ class UpdatesController(Controller):
             >>> ctl.update_counts([10, 20], [1.0, 1.0], BatchLimits.build(2, 30))
             [10.0, 10.0]
         """
-        if stats is not None and all(s.updates is not None for s in stats):
-            reported = [float(s.updates) for s in stats]  # type: ignore[arg-type]
-            if not all(isfinite(u) and u >= 0 for u in reported):
+        counts = None if stats is None else list(map(attrgetter("updates"), stats))
+        if counts is not None and not any(map(is_, counts, repeat(None))):
+            reported = list(map(float, counts))
+            if (
+                reported
+                and not (isfinite(sum(reported)) and min(reported) >= 0)
+                and not all(isfinite(u) and u >= 0 for u in reported)
+            ):
                 raise ValueError(f"Update counts must be finite and >= 0, got {reported}.")
             return reported
         pool = self.megabatch_size or 10 * limits.global_batch_size
-        samples_per_s = sum(b / t for b, t in zip(batch_sizes, compute_s))
+        samples_per_s = sum(map(truediv, batch_sizes, compute_s))
         pool_s = pool / samples_per_s
-        return [pool_s / t for t in compute_s]
+        return list(map(truediv, repeat(pool_s), compute_s))
 
     def update(
         self,
@@ -148,18 +155,25 @@ class UpdatesController(Controller):
             beta = fmean(current) / (2.0 * mean_updates)
         else:
             beta = 0.0  # no rank made an update: nothing to equalise
-        moved: list[float] = []
-        for b, u, lo, hi in zip(current, updates, limits.min_batch_size, limits.max_batch_size):
-            target = b + beta * (u - mean_updates)  # paper 004, Alg. 1, lines 3-8
-            moved.append(target if lo <= target <= hi else float(b))
-        plan = proportional_split(
-            moved, limits.global_batch_size, limits.min_batch_size, limits.max_batch_size
-        )
+        lower, upper = limits.min_batch_size, limits.max_batch_size
         balanced = balance_efficiency(current, compute_s) >= 1.0 - self.deadband
         if self.deadband > 0 and balanced and limits.admits(current):
             plan = current  # balanced within the dead-band: keep the plan
+        else:
+            # b + beta * (u - mean(u)) (paper 004, Alg. 1, lines 3-8); a move out of bounds
+            # is not made
+            deviations = map(sub, updates, repeat(mean_updates))
+            targets = list(map(add, current, map(mul, repeat(beta), deviations)))
+            if all(map(le, lower, targets)) and all(map(le, targets, upper)):
+                moved = targets
+            else:
+                moved = [
+                    t if lo <= t <= hi else float(b)
+                    for t, b, lo, hi in zip(targets, current, lower, upper)
+                ]
+            plan = proportional_split(moved, limits.global_batch_size, lower, upper)
         self.last_updates = updates
-        self.lr_factors = [new / old for new, old in zip(plan, current)]
+        self.lr_factors = list(map(truediv, plan, current))
         return plan
 
     def state_dict(self) -> dict[str, Any]:
