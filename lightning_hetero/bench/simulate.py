@@ -33,6 +33,7 @@ DEFAULT_CONTROLLERS = [
     "static",
     "proportional",
     "proportional:renormalization=omnilearn",
+    "model",
     "lbbsp:predictor=last",
     "lbbsp:predictor=ema",
     "lbbsp:predictor=narx",

@@ -20,6 +20,13 @@ from lightning_hetero.planning.merge import (
     merge_weights,
     momentum_merge,
 )
+from lightning_hetero.planning.model import (
+    ModelController,
+    StepTimeCurve,
+    allowed_speedup,
+    optimal_step_time,
+    solve_plan,
+)
 from lightning_hetero.planning.predictors import (
     PREDICTORS,
     EMAPredictor,
@@ -62,6 +69,7 @@ __all__ = [
     "LastPredictor",
     "MemoryModel",
     "MergeWeights",
+    "ModelController",
     "NARXPredictor",
     "PlanError",
     "ProportionalController",
@@ -70,10 +78,12 @@ __all__ = [
     "SimulationResult",
     "SpeedPredictor",
     "StaticController",
+    "StepTimeCurve",
     "StepwiseController",
     "TimeModel",
     "TimingSmoother",
     "UpdatesController",
+    "allowed_speedup",
     "balance_efficiency",
     "check_merge_options",
     "check_plan",
@@ -81,7 +91,9 @@ __all__ = [
     "make_controller",
     "merge_weights",
     "momentum_merge",
+    "optimal_step_time",
     "plan_dual_batch",
     "probe_sizes",
     "proportional_split",
+    "solve_plan",
 ]

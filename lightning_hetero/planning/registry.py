@@ -6,6 +6,7 @@ from typing import Any
 from lightning_hetero.planning.base import Controller
 from lightning_hetero.planning.dual import DualBatchController
 from lightning_hetero.planning.lbbsp import LBBSPController
+from lightning_hetero.planning.model import ModelController
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.static import StaticController
 from lightning_hetero.planning.stepwise import StepwiseController
@@ -21,6 +22,7 @@ CONTROLLERS: dict[str, type[Controller]] = {
     UpdatesController.name: UpdatesController,
     LBBSPController.name: LBBSPController,
     DualBatchController.name: DualBatchController,
+    ModelController.name: ModelController,
 }
 
 

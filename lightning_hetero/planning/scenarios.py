@@ -82,6 +82,27 @@ def _steps() -> Scenario:
     )
 
 
+def _steps_fixed() -> Scenario:
+    # "steps" with a fixed cost of 30% of the uniform step's per-sample time; a worker's
+    # speed scales its whole curve, the fixed part included.
+    levels = ["HL1", "HL2", "HL4", "HL8", "HL1"]
+    every = 15
+    changes = {i * every: _relative(HETEROGENEITY_LEVELS[lvl]) for i, lvl in enumerate(levels)}
+    overhead_s = 0.3 * (_B // 4) * 0.01
+    return Scenario(
+        "steps-fixed",
+        f"steps, plus a fixed {overhead_s:.2f} s per step (30% of the per-sample time at the"
+        " uniform plan) that scales with the speed, 2% noise",
+        lambda seed: ClusterSimulator.from_speeds(
+            [1.0] * 4, overhead_s=overhead_s, noise=0.02, speed_changes=changes, seed=seed
+        ),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=every * len(levels),
+        changes=tuple(changes),
+    )
+
+
 def _noisy() -> Scenario:
     speeds = HETEROGENEITY_LEVELS["HL4"]
     return Scenario(
@@ -128,6 +149,49 @@ def _memory() -> Scenario:
     )
 
 
+def _fixed(level: str, fraction: float) -> Scenario:
+    # A per-step cost that does not shrink with the batch (launches, optimizer, framework
+    # loop, an all-reduce the compute timer sees), the same on every worker: ``fraction`` of
+    # the slowest worker's per-sample time at the uniform plan (a share f / (1 + f) of its
+    # step). Proportional control reads the fast workers, whose steps are short, as slower
+    # than they are.
+    speeds = HETEROGENEITY_LEVELS[level]
+    overhead_s = fraction * (_B // 4) * 0.01 * max(speeds) / min(speeds)
+    return Scenario(
+        f"{level}-fixed",
+        f"{level} plus a fixed {overhead_s:.2f} s per step on every worker ({fraction:.0%} of"
+        " the slowest one's per-sample time at the uniform plan), 2% noise",
+        lambda seed: ClusterSimulator.from_speeds(
+            speeds, overhead_s=overhead_s, noise=0.02, seed=seed
+        ),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=30,
+    )
+
+
+def _saturated() -> Scenario:
+    # Workers sharing a GPU (MPS shares 9:9:6:24): each runs batches below 3/4 of its fair
+    # share (the fastest below 96 samples) no faster than at that size, plus a fixed cost of
+    # 10% of the slowest one's per-sample time at the uniform plan. The uniform start sits in
+    # the fastest worker's flat part, so its first timing understates its speed.
+    speeds = HETEROGENEITY_LEVELS["HL4"]
+    overhead_s = 0.1 * 64 * 0.01 * 24 / 6
+    workers = [
+        SimulatedWorker(0.01 * 24 / s, overhead_s, saturation_batch=round(96 * s / 24))
+        for s in speeds
+    ]
+    return Scenario(
+        "gpu-flat",
+        f"HL4 GPU shares: flat below 3/4 of the fair share (96 on the fastest), a fixed"
+        f" {overhead_s:.2f} s per step (10% of the slowest one's per-sample time), 2% noise",
+        lambda seed: ClusterSimulator(workers, noise=0.02, seed=seed),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=30,
+    )
+
+
 def _resources() -> Scenario:
     # Paper 001's shared CPU hosts: co-located jobs take CPU and memory, the readings come
     # in RankStats (lightning_hetero/planning/traces.py). Speeds change often.
@@ -154,6 +218,11 @@ SCENARIOS: dict[str, Scenario] = {
         _gpu(),
         _memory(),
         _resources(),
+        _fixed("HL2", 0.1),
+        _fixed("HL4", 0.2),
+        _fixed("HL8", 0.3),
+        _steps_fixed(),
+        _saturated(),
     ]
 }
 

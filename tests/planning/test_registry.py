@@ -3,13 +3,19 @@
 import pytest
 
 from lightning_hetero.planning.base import Controller
+from lightning_hetero.planning.model import ModelController
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.registry import CONTROLLERS, make_controller
 from lightning_hetero.planning.static import StaticController
 
 
 @pytest.mark.parametrize(
-    ("name", "cls"), [("static", StaticController), ("proportional", ProportionalController)]
+    ("name", "cls"),
+    [
+        ("static", StaticController),
+        ("proportional", ProportionalController),
+        ("model", ModelController),
+    ],
 )
 def test_known_name_builds_its_class(name: str, cls: type[Controller]) -> None:
     assert type(make_controller(name)) is cls

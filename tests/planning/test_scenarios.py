@@ -8,7 +8,8 @@ cell fails on a real change of behaviour rather than on the seed. (On "noisy", 1
 noise now and then fakes a throughput drop and a false learned maximum for the
 proportional controller: seed 19 ends at efficiency 0.91, or 0.79 with Eq. 8.)
 
-To add a controller: one entry in ``FACTORIES`` and one ``EXPECTED`` line per scenario.
+To add a controller: one entry in ``FACTORIES`` and one ``EXPECTED`` line per scenario; to
+add a scenario, one ``EXPECTED`` line per controller.
 """
 
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import pytest
 
 from lightning_hetero.planning.base import Controller
 from lightning_hetero.planning.lbbsp import LBBSPController
+from lightning_hetero.planning.model import ModelController
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.scenarios import SCENARIOS, Scenario, ScenarioReport, run_scenario
 from lightning_hetero.planning.stepwise import StepwiseController
@@ -55,6 +57,7 @@ FACTORIES: dict[str, Callable[[], Controller]] = {
     "updates-deadband": lambda: UpdatesController(deadband=0.05),
     "lbbsp": LBBSPController,
     "lbbsp-last": lambda: LBBSPController(predictor="last"),
+    "model": ModelController,
 }
 
 # fmt: off
@@ -130,6 +133,61 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("lbbsp-last", "gpu"): Expected(0.96, 1, (1, 2)),
     ("lbbsp-last", "memory"): Expected(0.35, NEVER, (28, 30)),
     ("lbbsp-last", "resources"): Expected(0.75, 6, (65, 90)),
+    # a fixed cost per step (the "-fixed" scenarios, "gpu-flat"): proportional control reads
+    # the fast workers as slower than they are and closes the gap in shrinking steps
+    ("proportional", "HL2-fixed"): Expected(0.95, 1, (1, 3)),
+    ("proportional", "HL4-fixed"): Expected(0.95, 2, (2, 4)),
+    ("proportional", "HL8-fixed"): Expected(0.95, 4, (3, 6)),
+    ("proportional", "steps-fixed"): Expected(0.97, 4, (10, 14)),
+    ("proportional", "gpu-flat"): Expected(0.96, 2, (2, 4)),
+    # Eq. 8's equal shift overshoots towards the fast workers, which the fixed cost rewards
+    ("omnilearn", "HL2-fixed"): Expected(0.97, 1, (1, 3)),
+    ("omnilearn", "HL4-fixed"): Expected(0.96, 2, (2, 3)),
+    ("omnilearn", "HL8-fixed"): Expected(0.96, 3, (3, 5)),
+    ("omnilearn", "steps-fixed"): Expected(0.96, NEVER, (6, 9)),
+    ("omnilearn", "gpu-flat"): Expected(0.97, 2, (2, 3)),
+    ("stepwise", "HL2-fixed"): Expected(0.98, 20, (8, 11), stretch=4),
+    ("stepwise", "HL4-fixed"): Expected(0.98, 60, (14, 17), stretch=4),
+    ("stepwise", "HL8-fixed"): Expected(0.98, 105, (24, 29), stretch=8),
+    ("stepwise", "steps-fixed"): Expected(0.66, NEVER, (2, 11)),
+    ("stepwise", "gpu-flat"): Expected(0.97, 60, (14, 17), stretch=4),
+    ("updates", "HL2-fixed"): Expected(0.99, 4, (4, 10)),
+    ("updates", "HL4-fixed"): Expected(0.98, 7, (10, 15)),
+    ("updates", "HL8-fixed"): Expected(0.98, 11, (15, 23)),
+    ("updates", "steps-fixed"): Expected(0.98, 11, (40, 52)),
+    ("updates", "gpu-flat"): Expected(0.97, 6, (10, 15)),
+    ("updates-deadband", "HL2-fixed"): Expected(0.97, 4, (3, 6)),
+    ("updates-deadband", "HL4-fixed"): Expected(0.96, 7, (6, 10)),
+    ("updates-deadband", "HL8-fixed"): Expected(0.95, 11, (10, 15)),
+    ("updates-deadband", "steps-fixed"): Expected(0.97, 11, (28, 35)),
+    ("updates-deadband", "gpu-flat"): Expected(0.96, 6, (6, 9)),
+    # the EMA of speeds that the fixed cost makes depend on the batch: slow to settle
+    ("lbbsp", "HL2-fixed"): Expected(0.95, 1, (1, 2)),
+    ("lbbsp", "HL4-fixed"): Expected(0.97, 20, (3, 5)),
+    ("lbbsp", "HL8-fixed"): Expected(0.93, NEVER, (5, 9)),
+    ("lbbsp", "steps-fixed"): Expected(0.90, NEVER, (28, 36)),
+    ("lbbsp", "gpu-flat"): Expected(0.94, 14, (3, 6)),
+    ("lbbsp-last", "HL2-fixed"): Expected(0.95, 1, (1, 3)),
+    ("lbbsp-last", "HL4-fixed"): Expected(0.95, 2, (2, 4)),
+    ("lbbsp-last", "HL8-fixed"): Expected(0.95, 9, (3, 5)),
+    ("lbbsp-last", "steps-fixed"): Expected(0.97, 4, (9, 13)),
+    ("lbbsp-last", "gpu-flat"): Expected(0.96, 2, (2, 4)),
+    # fitted step-time curves: the proportional split first, then the lines' exact optimum;
+    # the memory cliff shows as a bend (no learned maximum needed); "gpu-flat" overshoots
+    # once (two points on the flat part look nearly free) before the bend is seen
+    ("model", "HL2"): Expected(0.98, 1, (1, 2)),
+    ("model", "HL4"): Expected(0.98, 1, (1, 2)),
+    ("model", "HL8"): Expected(0.98, 1, (1, 2)),
+    ("model", "steps"): Expected(0.98, 1, (4, 5)),
+    ("model", "noisy"): Expected(0.95, 2, (2, 10)),
+    ("model", "gpu"): Expected(0.97, 1, (1, 2)),
+    ("model", "memory"): Expected(0.99, 3, (3, 5)),
+    ("model", "resources"): Expected(0.75, 18, (60, 95)),
+    ("model", "HL2-fixed"): Expected(0.95, 1, (1, 3)),
+    ("model", "HL4-fixed"): Expected(0.97, 2, (2, 3)),
+    ("model", "HL8-fixed"): Expected(0.96, 2, (2, 3)),
+    ("model", "steps-fixed"): Expected(0.98, 2, (7, 9)),
+    ("model", "gpu-flat"): Expected(0.97, 3, (3, 4)),
 }
 # fmt: on
 
