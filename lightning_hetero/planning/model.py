@@ -690,6 +690,7 @@ class ModelController(Controller):
     """
 
     name = "model"
+    replicable = True
 
     def __init__(
         self,
