@@ -43,8 +43,8 @@ class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
             other within an epoch. ``"local"``: local SGD; each rank steps its own replica
             on batches claimed from a shared pool of ``megabatch_size`` samples, and the
             replicas are merged after each mega-batch (see the README for details).
-        controller: a controller name (``"proportional"``, ``"lbbsp"``, ``"stepwise"``,
-            ``"updates"``, ``"static"``; built with ``deadband``; ``"dual"``, dual batch
+        controller: a controller name (``"proportional"``, ``"model"``, ``"lbbsp"``,
+            ``"stepwise"``, ``"updates"``, ``"static"``; built with ``deadband``; ``"dual"``, dual batch
             size learning, with ``mode="async"`` only) or a
             :class:`~lightning_hetero.planning.Controller` instance. Default:
             ``"updates"`` in local mode, ``"proportional"`` otherwise.
