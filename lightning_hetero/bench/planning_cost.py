@@ -27,8 +27,8 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from lightning_hetero.bench.simulate import parse_spec
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.registry import CONTROLLERS
 from lightning_hetero.planning.simulator import HETEROGENEITY_LEVELS
@@ -66,29 +66,9 @@ _SAMPLE_S = 0.001
 _NARX_UNTRAINED = 20
 
 
-def _value(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def _factory(spec: str) -> Callable[[], Controller]:
     """``"name:key=value,..."`` -> a factory of fresh controllers (checked once now)."""
-    name, _, rest = spec.partition(":")
-    if name not in CONTROLLERS:
-        raise ValueError(f"Unknown controller {name!r}; expected one of {sorted(CONTROLLERS)}.")
-    options: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"Controller option {item!r} in {spec!r} must be `key=value`.")
-        options[key.strip()] = _value(value.strip())
-    cls = CONTROLLERS[name]
-    cls(**options)
-    return lambda: cls(**options)
+    return parse_spec(spec)[1]
 
 
 def cluster_inputs(
