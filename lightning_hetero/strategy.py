@@ -44,8 +44,8 @@ class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
             on batches claimed from a shared pool of ``megabatch_size`` samples, and the
             replicas are merged after each mega-batch (see the README for details).
         controller: a controller name (``"proportional"``, ``"model"``, ``"lbbsp"``,
-            ``"stepwise"``, ``"updates"``, ``"static"``; built with ``deadband``; ``"dual"``, dual batch
-            size learning, with ``mode="async"`` only) or a
+            ``"stepwise"``, ``"updates"``, ``"static"``; built with ``deadband``;
+            ``"dual"``, dual batch size learning, with ``mode="async"`` only) or a
             :class:`~lightning_hetero.planning.Controller` instance. Default:
             ``"updates"`` in local mode, ``"proportional"`` otherwise.
         batch_sizes: the initial plan: ``"uniform"``, ``"cores"`` (CPU cores each rank's
