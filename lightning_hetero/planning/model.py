@@ -9,16 +9,16 @@ is the integer split that minimises the slowest rank's predicted time.
 """
 
 import heapq
-import warnings
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from math import floor, inf, isfinite, nan
-from operator import mul
+from operator import mul, truediv
 from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
+from lightning_hetero.planning.proportional import LearnedMaximum
 from lightning_hetero.planning.split import proportional_split
 
 __all__ = [
@@ -613,7 +613,7 @@ def allowed_speedup(
 # --- the controller ------------------------------------------------------------------------------
 
 
-class ModelController(Controller):
+class ModelController(LearnedMaximum, Controller):
     """Fit each rank's step-time curve and take the plan whose slowest rank is fastest.
 
     **Model.** Rank ``k``'s step takes ``t_k(b) = c_k + s_k * b`` seconds at batch size
@@ -717,9 +717,7 @@ class ModelController(Controller):
         self.history = history
         self.tolerance = tolerance
         self.change_threshold = change_threshold
-        self.learned_max: list[int | None] = []
-        self.last_batch_sizes: list[int] = []
-        self.last_throughput: list[float] = []
+        self._init_learned()
         self.intercepts: list[float] = []
         self.slopes: list[float] = []
         self.predicted_step_s = nan
@@ -761,7 +759,7 @@ class ModelController(Controller):
         current, compute_s, _ = check_inputs(batch_sizes, compute_s, limits, stats)
         upper = limits.max_batch_size
         if self.learn_max_batch_size:
-            upper = self._upper_bounds(current, compute_s, limits)
+            upper = self._upper_bounds(current, list(map(truediv, current, compute_s)), limits)
         self._observe(current, compute_s)
         self._fit()
         lower = limits.min_batch_size
@@ -853,41 +851,10 @@ class ModelController(Controller):
             intercepts[k], slopes[k] = curve.intercept, curve.slope
         self.intercepts, self.slopes, self._knotted = intercepts, slopes, knotted
 
-    def _upper_bounds(
-        self, current: list[int], compute_s: list[float], limits: BatchLimits
-    ) -> list[int]:
-        """The learned-maximum rule of :class:`ProportionalController`."""
-        world_size = len(current)
-        throughput = [b / t for b, t in zip(current, compute_s)]
-        if len(self.learned_max) != world_size:
-            self.learned_max = [None] * world_size
-        if len(self.last_batch_sizes) == world_size:
-            for k in range(world_size):
-                grew = current[k] > (1.0 + self.deadband) * self.last_batch_sizes[k]
-                dropped = throughput[k] < (1.0 - self.throughput_drop) * self.last_throughput[k]
-                if grew and dropped:
-                    self.learned_max[k] = self.last_batch_sizes[k]
-        self.last_batch_sizes, self.last_throughput = current, throughput
-        upper = [
-            hi if cap is None else max(lo, min(hi, cap))
-            for hi, lo, cap in zip(limits.max_batch_size, limits.min_batch_size, self.learned_max)
-        ]
-        if sum(upper) < limits.global_batch_size:
-            warnings.warn(
-                f"The learned maximum batch sizes {self.learned_max} leave no room for the global"
-                f" batch {limits.global_batch_size}; forgetting them.",
-                stacklevel=3,
-            )
-            self.learned_max = [None] * world_size
-            upper = list(limits.max_batch_size)
-        return upper
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "points": self.points,
-            "learned_max": list(self.learned_max),
-            "last_batch_sizes": list(self.last_batch_sizes),
-            "last_throughput": list(self.last_throughput),
+            **self._learned_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -896,6 +863,4 @@ class ModelController(Controller):
         self.intercepts, self.slopes, self._knotted = [], [], {}
         if points:
             self._fit()
-        self.learned_max = list(state.get("learned_max", []))
-        self.last_batch_sizes = list(state.get("last_batch_sizes", []))
-        self.last_throughput = list(state.get("last_throughput", []))
+        self._load_learned_state(state)

@@ -21,7 +21,70 @@ __all__ = ["ProportionalController"]
 _RENORMALIZATIONS = ("project", "omnilearn")
 
 
-class ProportionalController(Controller):
+class LearnedMaximum:
+    """The learned-maximum rule, shared by controllers that grow a rank's batch.
+
+    If growing rank ``k``'s batch by more than ``deadband`` lowered its throughput by more
+    than ``throughput_drop`` (both relative), its maximum becomes the previous size (paper
+    000, "batch size bounds"), e.g. when memory runs short. Learned maxima that leave no
+    room for the global batch are forgotten with a warning. The subclass sets
+    ``deadband``, ``throughput_drop`` and ``learn_max_batch_size``.
+    """
+
+    deadband: float
+    throughput_drop: float
+    learn_max_batch_size: bool
+
+    def _init_learned(self) -> None:
+        self.learned_max: list[int | None] = []
+        self.last_batch_sizes: list[int] = []
+        self.last_throughput: list[float] = []
+
+    def _upper_bounds(
+        self, current: list[int], throughput: list[float], limits: BatchLimits
+    ) -> list[int]:
+        """Learn from this boundary's ``(b_k, X_k)``; return the per-rank upper bounds."""
+        world_size = len(current)
+        if len(self.learned_max) != world_size:
+            self.learned_max = [None] * world_size
+        last = self.last_batch_sizes
+        if self.learn_max_batch_size and len(last) == world_size and current != last:
+            grow, keep = 1.0 + self.deadband, 1.0 - self.throughput_drop
+            grew = [k for k, b, old in zip(range(world_size), current, last) if b > grow * old]
+            for k in grew:
+                if throughput[k] < keep * self.last_throughput[k]:  # and dropped
+                    self.learned_max[k] = last[k]
+        self.last_batch_sizes, self.last_throughput = current, throughput
+        if self.learned_max.count(None) == world_size:
+            return list(limits.max_batch_size)
+        upper = [
+            hi if cap is None else max(lo, min(hi, cap))
+            for hi, lo, cap in zip(limits.max_batch_size, limits.min_batch_size, self.learned_max)
+        ]
+        if sum(upper) < limits.global_batch_size:
+            warnings.warn(
+                f"The learned maximum batch sizes {self.learned_max} leave no room for the global"
+                f" batch {limits.global_batch_size}; forgetting them.",
+                stacklevel=3,
+            )
+            self.learned_max = [None] * world_size
+            upper = list(limits.max_batch_size)
+        return upper
+
+    def _learned_state(self) -> dict[str, Any]:
+        return {
+            "learned_max": list(self.learned_max),
+            "last_batch_sizes": list(self.last_batch_sizes),
+            "last_throughput": list(self.last_throughput),
+        }
+
+    def _load_learned_state(self, state: dict[str, Any]) -> None:
+        self.learned_max = list(state.get("learned_max", []))
+        self.last_batch_sizes = list(state.get("last_batch_sizes", []))
+        self.last_throughput = list(state.get("last_throughput", []))
+
+
+class ProportionalController(LearnedMaximum, Controller):
     """Give each rank a batch proportional to its measured throughput.
 
     With ``X_k = b_k / t_k`` from the smoothed compute times, the controller of
@@ -99,9 +162,7 @@ class ProportionalController(Controller):
         self.throughput_drop = throughput_drop
         self.learn_max_batch_size = learn_max_batch_size
         self.renormalization = renormalization
-        self.learned_max: list[int | None] = []
-        self.last_batch_sizes: list[int] = []
-        self.last_throughput: list[float] = []
+        self._init_learned()
 
     def update(
         self,
@@ -113,7 +174,6 @@ class ProportionalController(Controller):
         current, compute_s, _ = check_inputs(batch_sizes, compute_s, limits, stats)
         throughput = list(map(truediv, current, compute_s))
         upper = self._upper_bounds(current, throughput, limits)
-        self.last_batch_sizes, self.last_throughput = current, throughput
 
         if self.renormalization == "omnilearn":
             target = _omnilearn_split(
@@ -133,49 +193,11 @@ class ProportionalController(Controller):
         significant = balance_efficiency(current, compute_s) < 1.0 - self.deadband and any(moves)
         return target if significant or out_of_bounds else current
 
-    def _upper_bounds(
-        self, current: list[int], throughput: list[float], limits: BatchLimits
-    ) -> list[int]:
-        world_size = len(current)
-        if len(self.learned_max) != world_size:
-            self.learned_max = [None] * world_size
-        last = self.last_batch_sizes
-        if self.learn_max_batch_size and len(last) == world_size and current != last:
-            grow, keep = 1.0 + self.deadband, 1.0 - self.throughput_drop
-            grew = [k for k, b, old in zip(range(world_size), current, last) if b > grow * old]
-            for k in grew:
-                if throughput[k] < keep * self.last_throughput[k]:  # and dropped
-                    self.learned_max[k] = last[k]
-        if self.learned_max.count(None) == world_size:
-            upper = list(limits.max_batch_size)
-        else:
-            upper = [
-                hi if cap is None else max(lo, min(hi, cap))
-                for hi, lo, cap in zip(
-                    limits.max_batch_size, limits.min_batch_size, self.learned_max
-                )
-            ]
-        if sum(upper) < limits.global_batch_size:
-            warnings.warn(
-                f"The learned maximum batch sizes {self.learned_max} leave no room for the global"
-                f" batch {limits.global_batch_size}; forgetting them.",
-                stacklevel=3,
-            )
-            self.learned_max = [None] * world_size
-            upper = list(limits.max_batch_size)
-        return upper
-
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "learned_max": list(self.learned_max),
-            "last_batch_sizes": list(self.last_batch_sizes),
-            "last_throughput": list(self.last_throughput),
-        }
+        return self._learned_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.learned_max = list(state.get("learned_max", []))
-        self.last_batch_sizes = list(state.get("last_batch_sizes", []))
-        self.last_throughput = list(state.get("last_throughput", []))
+        self._load_learned_state(state)
 
 
 def _omnilearn_split(
