@@ -11,7 +11,6 @@ warm-up; runs alternate DDP/Hetero in pairs, and the figure is the ratio within 
 
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -95,25 +94,6 @@ def run_child(config: dict[str, Any]) -> None:
         Path(config["result"]).write_text(json.dumps({"step_s": gaps, "boundary_s": boundary_s}))
 
 
-def _launch(config: dict[str, Any], workdir: Path) -> list[float]:
-    from lightning_hetero.bench.run import child_env
-
-    result = workdir / "overhead.json"
-    result.unlink(missing_ok=True)
-    config = {**config, "result": str(result)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "lightning_hetero.bench.overhead", json.dumps(config)],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        cwd=workdir,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"The run {config} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(result.read_text())["step_s"]
-
-
 def measure_overhead(
     repeats: int = 3,
     steps: int = 400,
@@ -124,6 +104,8 @@ def measure_overhead(
     progress: Any = None,
 ) -> list[dict[str, float]]:
     """Alternated DDP/Hetero pairs; per pair the median step of each and their ratio."""
+    from lightning_hetero.bench.run import launch
+
     base = {"steps": steps, "batch_size": batch_size, "width": width, "defaults": defaults}
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,7 +114,9 @@ def measure_overhead(
             order = ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp")
             for name in order:
                 config = {**base, "strategy": name, "options": options or {}}
-                medians[name] = statistics.median(_launch(config, Path(tmp)))
+                medians[name] = statistics.median(
+                    launch(config, Path(tmp), 600, "lightning_hetero.bench.overhead")["step_s"]
+                )
                 if progress is not None:
                     progress.update()
             medians["ratio"] = medians["hetero"] / medians["ddp"]

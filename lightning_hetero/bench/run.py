@@ -425,13 +425,22 @@ def child_env(warnings: bool = False, **extra: str) -> dict[str, str]:
     return env
 
 
-def launch(config: dict[str, Any], workdir: Path, timeout: float | None = None) -> dict[str, Any]:
-    """Run ``config`` as a fresh multi-process job in ``workdir``; returns rank 0's summary."""
+def launch(
+    config: dict[str, Any],
+    workdir: Path,
+    timeout: float | None = None,
+    module: str = "lightning_hetero.bench.run",
+) -> dict[str, Any]:
+    """Run ``config`` as a fresh multi-process job in ``workdir``; returns rank 0's summary.
+
+    ``module`` is run with ``python -m module CONFIG_JSON``; it writes its summary as JSON to
+    ``config["result"]``.
+    """
     result = workdir / "result.json"
     result.unlink(missing_ok=True)
     config = {**config, "result": str(result)}
     proc = subprocess.run(
-        [sys.executable, "-m", "lightning_hetero.bench.run", json.dumps(config)],
+        [sys.executable, "-m", module, json.dumps(config)],
         capture_output=True,
         text=True,
         env=child_env(),
