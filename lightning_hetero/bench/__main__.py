@@ -42,7 +42,15 @@ from lightning_hetero.bench.simulate import (  # noqa: E402
     simulate_report,
     split_spec,
 )
-from lightning_hetero.planning import HETEROGENEITY_LEVELS, SimulationResult, ideal_speedup  # noqa: E402
+from lightning_hetero.planning import (  # noqa: E402
+    HETEROGENEITY_LEVELS,
+    BatchLimits,
+    SimulationResult,
+    StepTimeCurve,
+    allowed_speedup,
+    ideal_speedup,
+    optimal_step_time,
+)
 from lightning_hetero.planning.scenarios import SCENARIOS  # noqa: E402
 from lightning_hetero.plots import INSTALL as PLOT_INSTALL  # noqa: E402
 from lightning_hetero.plots import plot_speedup  # noqa: E402
@@ -53,6 +61,10 @@ COLUMNS = {
     "ideal": "ideal speedup sum(X)/(K min X), nominal speeds",
     "fraction": "speedup / nominal ideal",
     "fraction_measured": "speedup / ideal from measured speeds",
+    "allowed": "speedup the measured per-rank step-time curves allow (fixed costs included)",
+    "fraction_allowed": "speedup / allowed",
+    "plan_fraction": "the curves' optimal compute step / the last plan's slowest measured"
+    " compute step (the controller's share of the gap)",
     "balance": "balance efficiency E at the last boundary",
     "adjustments_to_095": "adjustments until E >= 0.95",
     "overhead": "time spent at boundaries (all-gather + controller + apply) / training time",
@@ -98,6 +110,15 @@ def measure(
     return raw
 
 
+def measured_curves(history: list[dict[str, Any]]) -> list[list[tuple[int, float]]]:
+    """Per rank, ``(batch_size, median compute seconds per step)`` at each size it ran."""
+    seen: list[dict[int, list[float]]] = [{} for _ in history[0]["batch_sizes"]]
+    for entry in history:
+        for by_size, b, t in zip(seen, entry["batch_sizes"], entry["compute_times"]):
+            by_size.setdefault(int(b), []).append(float(t))
+    return [[(b, statistics.median(ts)) for b, ts in sorted(s.items())] for s in seen]
+
+
 def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
     """The report's figures for one repeat of one level."""
     cores = HETEROGENEITY_LEVELS[level]
@@ -110,6 +131,11 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
     ideal_measured = ideal_speedup(
         [b / t for b, t in zip(first["batch_sizes"], first["compute_times"])]
     )
+    # what the fitted curves allow: below the nominal ideal by the ranks' fixed costs
+    limits = BatchLimits.build(len(first["batch_sizes"]), sum(first["batch_sizes"]))
+    observations = measured_curves(history)
+    allowed = allowed_speedup(observations, limits)
+    optimal_s = optimal_step_time([StepTimeCurve.fit(points) for points in observations], limits)
     to_095 = SimulationResult(history).adjustments_to_balance(0.95)
     boundaries_s = sum(e["boundary_s"] for e in history)
     # the same without the all-gather, whose wait for the last rank would be spent anyway
@@ -119,6 +145,9 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
         "ideal": ideal,
         "fraction": speedup / ideal,
         "fraction_measured": speedup / ideal_measured,
+        "allowed": allowed,
+        "fraction_allowed": speedup / allowed,
+        "plan_fraction": optimal_s / max(history[-1]["compute_times"]),
         "balance": history[-1]["balance"],
         "adjustments_to_095": float("nan") if to_095 is None else float(to_095),
         # all boundaries' cost (gathering, controller, broadcast) over the training time
