@@ -287,7 +287,6 @@ def test_boundaries_every_few_batches_are_logged_as_often_as_lightning_logs(tmp_
         limit_val_batches=0,
         log_every_n_steps=5,
         logger=CSVLogger(tmp_path),
-        enable_progress_bar=False,
     )
     trainer.fit(BoringModel())
     assert len(strategy.history) == 20

@@ -176,7 +176,6 @@ def logged_run(tmp_path_factory):
         default_root_dir=root,
         logger=CSVLogger(root, name="run", version="csv"),
         log_every_n_steps=2,  # other metrics' rows in the same file
-        enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
     )
@@ -216,7 +215,6 @@ def test_step_times_give_a_ddp_run_the_history_s_per_rank_times(tmp_path):
         default_root_dir=tmp_path,
         callbacks=[times],
         logger=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
     )
