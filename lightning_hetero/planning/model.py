@@ -12,6 +12,7 @@ import heapq
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate
 from math import floor, inf, isfinite, nan
 from operator import mul, truediv
@@ -442,6 +443,18 @@ def _within(values: Sequence[float], lower: Sequence[int], upper: Sequence[int])
     return all([lo <= x <= hi for x, lo, hi in zip(values, lower, upper)])
 
 
+def _time_at(
+    intercepts: Sequence[float],
+    slopes: Sequence[float],
+    knotted: dict[int, StepTimeCurve],
+    k: int,
+    b: int,
+) -> float:
+    """Rank ``k``'s predicted step time at batch ``b``."""
+    curve = knotted.get(k)
+    return intercepts[k] + slopes[k] * b if curve is None else curve(b)
+
+
 def _add(
     plan: list[int],
     count: int,
@@ -452,10 +465,7 @@ def _add(
 ) -> None:
     """Add the ``count`` samples that would finish soonest (ties to the lower rank)."""
 
-    def time(k: int, b: int) -> float:
-        curve = knotted.get(k)
-        return intercepts[k] + slopes[k] * b if curve is None else curve(b)
-
+    time = partial(_time_at, intercepts, slopes, knotted)
     following = [
         c + s * (b + 1) if b < hi else inf for c, s, b, hi in zip(intercepts, slopes, plan, upper)
     ]
@@ -497,10 +507,7 @@ def _remove(
 ) -> None:
     """Take off the ``count`` samples that finish latest (ties from the higher rank)."""
 
-    def time(k: int, b: int) -> float:
-        curve = knotted.get(k)
-        return intercepts[k] + slopes[k] * b if curve is None else curve(b)
-
+    time = partial(_time_at, intercepts, slopes, knotted)
     last = [c + s * b if b > lo else -inf for c, s, b, lo in zip(intercepts, slopes, plan, lower)]
     for k, curve in knotted.items():
         last[k] = curve(plan[k]) if plan[k] > lower[k] else -inf
