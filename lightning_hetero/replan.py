@@ -262,7 +262,8 @@ class Replanner:
             else:
                 decided = self._decide(plan, compute_s, stats) if host.global_rank == 0 else plan
                 with host.comm.guarded("the plan broadcast"):
-                    new_plan = self._checked(host.comm.broadcast_ints(decided))
+                    decided = host.comm.broadcast_ints(decided)
+                new_plan = self._checked(decided)  # not in the guard: the broadcast worked
             if new_plan != plan:
                 host.apply_plan(new_plan, from_step=first_undrawn_step)
                 self.adjustments += 1

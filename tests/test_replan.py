@@ -123,6 +123,9 @@ class _CountingComm(Collectives):
         self.broadcasts.append(list(values))
         return list(values)
 
+    def gather_objects(self, value):
+        return [value, value]
+
 
 def _two_ranks(controller: Controller, rows: list[list[float]] | None = None) -> _Host:
     host = _Host([8, 8])
