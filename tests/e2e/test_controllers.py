@@ -30,10 +30,11 @@ def _distance(plan: list[int], level: str) -> int:
         ("lbbsp", {"predictor": "ema"}, 2, 0.2),
         ("lbbsp", {"predictor": "narx"}, 2, 0.2),
         ("updates", {}, 2, 0.2),
+        ("model", {}, 2, 0.2),
         # 5 samples per window of 5 boundaries: it only gets part of the way in 36 steps
         ("stepwise", {}, 1, None),
     ],
-    ids=["lbbsp-ema", "lbbsp-narx", "updates", "stepwise"],
+    ids=["lbbsp-ema", "lbbsp-narx", "updates", "model", "stepwise"],
 )
 def test_each_controller_moves_the_plan_toward_the_speed_proportional_split(
     tmp_path, controller, options, adjust_every, tolerance
