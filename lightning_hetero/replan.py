@@ -70,11 +70,6 @@ class RankReport:
     #: :func:`plan_checksum` of the plan in force on this rank (ranks must agree).
     plan_check: int = 0
 
-    @classmethod
-    def from_row(cls, row: Sequence[float]) -> "RankReport":
-        """The report a gathered row holds."""
-        return cls(*[kind(v) for kind, v in zip(_FIELD_KINDS, row)])
-
     @staticmethod
     def columns(rows: Sequence[Sequence[float]]) -> dict[str, list[Any]]:
         """Gathered rows as one typed list per field, in rank order (cheap for many ranks)."""
@@ -86,10 +81,6 @@ class RankReport:
     def row(self) -> list[float]:
         """This report as one row of floats."""
         return [float(v) for v in astuple(self)]
-
-    def stats(self, updates: int | None = None) -> RankStats:
-        """The controller's side readings of this rank."""
-        return RankStats(self.memory_used, self.cpu_available, self.memory_available, updates)
 
 
 #: The type of each field of a report, in order (a row holds them all as floats).

@@ -18,11 +18,12 @@ def test_a_report_travels_as_one_row_and_comes_back_typed():
     report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6, plan_checksum([3, 5]))
     row = report.row()
     assert row == [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6, float(plan_checksum([3, 5]))]
-    back = RankReport.from_row(row)
-    assert back == report
-    assert isinstance(back.batch_size, int) and isinstance(back.drawn, int)
-    assert isinstance(back.plan_check, int)
-    assert back.stats(updates=5).updates == 5 and back.stats().memory_used == 0.2
+    other = RankReport(8, 0.25, 0.0, 1, 2, 0.5, 1.0, 0.4, plan_checksum([3, 5]))
+    got = RankReport.columns([row, other.row()])
+    for k, sent in enumerate((report, other)):
+        assert RankReport(*[column[k] for column in got.values()]) == sent
+    assert all(isinstance(v, int) for v in got["batch_size"] + got["drawn"] + got["plan_check"])
+    assert got["memory_used"] == [0.2, 0.5] and got["compute_s"] == [0.5, 0.25]
 
 
 class _Host:
