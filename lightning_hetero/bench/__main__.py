@@ -33,6 +33,7 @@ if __name__ == "__main__":  # a core install: say what to install, before import
 
 from tqdm import tqdm  # noqa: E402
 
+from lightning_hetero.bench._format import spread  # noqa: E402
 from lightning_hetero.bench.dual import DUAL_CONFIGS, dual_configs  # noqa: E402
 from lightning_hetero.bench.modes import CONFIGS, measure_modes, modes_report  # noqa: E402
 from lightning_hetero.bench.run import run_pair  # noqa: E402
@@ -166,8 +167,7 @@ def report(raw: dict[str, Any], skip: int) -> str:
         figures = [ratios(level, pair, skip) for pair in pairs]
         cells = []
         for key in COLUMNS:
-            values = sorted(f[key] for f in figures)
-            cells.append(f"{values[0]:.3g} / {statistics.median(values):.3g} / {values[-1]:.3g}")
+            cells.append(spread([f[key] for f in figures]))
         lines.append(f"| {level} | " + " | ".join(cells) + " |")
     legend = "\n".join(f"- `{key}`: {text}" for key, text in COLUMNS.items())
     return "\n".join(lines) + "\n\nEach cell: min / median / max over repeats.\n" + legend + "\n"

@@ -10,7 +10,6 @@ the real :class:`~lightning_hetero.replan.Replanner` around a stand-in for the c
 fed rows of OmniLearn's HL2 mix of speeds.
 """
 
-import statistics
 import time
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from lightning_hetero._comm import HostStepTimer
+from lightning_hetero.bench._format import spread
 from lightning_hetero.collectives import Collectives
 from lightning_hetero.plan_state import PlanState
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, BatchLimits, make_controller
@@ -124,11 +124,6 @@ def gather_s(world_size: int, calls: int = 200) -> list[float]:
     return times[calls // 10 :]  # the first calls set up connections
 
 
-def _spread_us(values: Sequence[float]) -> str:
-    ordered = sorted(v * 1e6 for v in values)
-    return f"{ordered[0]:.0f} / {statistics.median(ordered):.0f} / {ordered[-1]:.0f}"
-
-
 def boundary_table(
     controllers: Sequence[str] = ("proportional", "static"),
     sizes: Sequence[int] = (2, 4, 8, 64, 1024, 4096),
@@ -141,8 +136,8 @@ def boundary_table(
     header += [f"read + decide + apply + record, {name} (us)" for name in controllers]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for world_size in sizes:
-        gather = _spread_us(gather_s(world_size)) if world_size in gather_sizes else "-"
-        cells = [_spread_us(replan_s(name, world_size, repeats)) for name in controllers]
+        gather = spread(gather_s(world_size), ".0f", 1e6) if world_size in gather_sizes else "-"
+        cells = [spread(replan_s(name, world_size, repeats), ".0f", 1e6) for name in controllers]
         lines.append("| " + " | ".join([str(world_size), gather, *cells]) + " |")
     return "\n".join(lines)
 

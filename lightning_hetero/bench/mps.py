@@ -32,6 +32,7 @@ if __name__ == "__main__":  # a core install: say what to install, before import
 
 from tqdm import tqdm  # noqa: E402
 
+from lightning_hetero.bench._format import spread  # noqa: E402
 from lightning_hetero.bench.run import child_env, run_pair  # noqa: E402
 from lightning_hetero.planning import ideal_speedup  # noqa: E402
 
@@ -115,8 +116,7 @@ def measure(
 
 
 def _cell(values: list[float], digits: int = 3) -> str:
-    values = sorted(values)
-    return " / ".join(f"{v:.{digits}g}" for v in (values[0], statistics.median(values), values[-1]))
+    return spread(values, f".{digits}g")
 
 
 def report(

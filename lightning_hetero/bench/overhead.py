@@ -127,10 +127,10 @@ def measure_overhead(
 def overhead_table(pairs: Sequence[dict[str, float]]) -> str:
     """Markdown: min / median / max over pairs of each strategy's median step and the ratio."""
 
+    from lightning_hetero.bench._format import spread
+
     def cell(key: str, scale: float, fmt: str) -> str:
-        values = sorted(pair[key] * scale for pair in pairs)
-        spread = (values[0], statistics.median(values), values[-1])
-        return " / ".join(format(v, fmt) for v in spread)
+        return spread([pair[key] for pair in pairs], fmt, scale)
 
     return "\n".join(
         [

@@ -24,10 +24,10 @@ runs at every boundary of a real run.
 
 import argparse
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
+from lightning_hetero.bench._format import spread
 from lightning_hetero.bench.simulate import parse_spec
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.registry import CONTROLLERS
@@ -124,11 +124,6 @@ def decision_times(
     return seconds
 
 
-def _cell(seconds: Sequence[float]) -> str:
-    us = sorted(s * 1e6 for s in seconds)
-    return f"{us[0]:.0f} / {statistics.median(us):.0f} / {us[-1]:.0f}"
-
-
 def planning_cost_table(
     sizes: Sequence[int] = DEFAULT_SIZES,
     repeats: int = 15,
@@ -148,7 +143,7 @@ def planning_cost_table(
     for spec, factory in factories:
         # NARX trains after 20 samples (23 boundaries): time it untrained (see narx_cost_table)
         calls = min(repeats, _NARX_UNTRAINED) if "predictor=narx" in spec else repeats
-        cells = [_cell(decision_times(factory, k, calls)) for k in sizes]
+        cells = [spread(decision_times(factory, k, calls), ".0f", 1e6) for k in sizes]
         lines.append(f"| `{spec}` | " + " | ".join(cells) + " |")
     return (
         "\n".join(lines)
@@ -172,7 +167,7 @@ def narx_cost_table(sizes: Sequence[int] = (4, 16), repeats: int = 3) -> str:
     factory = _factory(spec)
     lines = ["| controller | " + " | ".join(f"K={k}" for k in sizes) + " |"]
     lines.append("|---|" + "---|" * len(sizes))
-    cells = [_cell(decision_times(factory, k, repeats, warmup=23)) for k in sizes]
+    cells = [spread(decision_times(factory, k, repeats, warmup=23), ".0f", 1e6) for k in sizes]
     lines.append(f"| `{spec}` (trained) | " + " | ".join(cells) + " |")
     return (
         "\n".join(lines)
