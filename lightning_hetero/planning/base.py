@@ -3,11 +3,11 @@
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from math import isfinite, nan
+from math import nan
 from operator import le
 from typing import Any, ClassVar
 
-from lightning_hetero.planning.split import PlanError, expand_bound
+from lightning_hetero.planning.split import PlanError, expand_bound, finite_and_positive
 
 __all__ = ["BatchLimits", "Controller", "RankStats", "check_inputs"]
 
@@ -109,12 +109,7 @@ def check_inputs(
             f"Expected one batch size, compute time and RankStats per rank for"
             f" {limits.world_size} ranks, got {len(plan)}, {len(times)} and {len(readings)}."
         )
-    # a finite sum has no inf or nan term: one pass in C for the usual case
-    if (
-        times
-        and not (isfinite(sum(times)) and min(times) > 0)
-        and not all(isfinite(t) and t > 0 for t in times)
-    ):
+    if not finite_and_positive(times):
         raise ValueError(f"Compute times must be finite and positive, got {times}.")
     return plan, times, readings
 

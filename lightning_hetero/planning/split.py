@@ -37,6 +37,20 @@ def is_count(value: Any, least: int = 1) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
+def finite_and_positive(values: Sequence[float], zero_ok: bool = False) -> bool:
+    """Whether every value is finite and > 0 (>= 0 with ``zero_ok``).
+
+    One pass in C in the usual case (a finite sum has no inf or nan term); a sum that
+    overflows, or a value that fails, gets the per-value check.
+    """
+    if not values:
+        return True
+    low = min(values)
+    if isfinite(sum(values)) and (low >= 0 if zero_ok else low > 0):
+        return True
+    return all(isfinite(v) and (v >= 0 if zero_ok else v > 0) for v in values)
+
+
 def expand_bound(bound: int | Sequence[int] | None, world_size: int, default: int) -> list[int]:
     """Return a per-rank bound: an int applies to every rank, ``None`` means ``default``."""
     if bound is None:
@@ -342,9 +356,7 @@ def proportional_split(
     if world_size == 0:
         raise PlanError("Cannot split a batch over zero ranks.")
     weights = list(weights)
-    if not (isfinite(sum(weights)) and min(weights) > 0) and any(
-        not isfinite(w) or w <= 0 for w in weights
-    ):
+    if not finite_and_positive(weights):
         raise PlanError(f"Split weights must be finite and positive, got {weights}.")
     lower = [1] * world_size if lower is None else list(lower)
     upper = [total] * world_size if upper is None else list(upper)

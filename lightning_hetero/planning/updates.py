@@ -8,7 +8,12 @@ from statistics import fmean
 from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
-from lightning_hetero.planning.split import balance_efficiency, is_count, proportional_split
+from lightning_hetero.planning.split import (
+    balance_efficiency,
+    finite_and_positive,
+    is_count,
+    proportional_split,
+)
 
 __all__ = ["UpdatesController"]
 
@@ -127,11 +132,7 @@ class UpdatesController(Controller):
         counts = None if stats is None else list(map(attrgetter("updates"), stats))
         if counts is not None and not any(map(is_, counts, repeat(None))):
             reported = list(map(float, counts))
-            if (
-                reported
-                and not (isfinite(sum(reported)) and min(reported) >= 0)
-                and not all(isfinite(u) and u >= 0 for u in reported)
-            ):
+            if not finite_and_positive(reported, zero_ok=True):
                 raise ValueError(f"Update counts must be finite and >= 0, got {reported}.")
             return reported
         pool = self.megabatch_size or 10 * limits.global_batch_size
