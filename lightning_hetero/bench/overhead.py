@@ -31,6 +31,7 @@ def run_child(config: dict[str, Any]) -> None:
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
+    from lightning_hetero.bench.run import release_process_group
     from lightning_hetero.strategy import HeteroStrategy
 
     torch.set_num_threads(1)
@@ -92,6 +93,7 @@ def run_child(config: dict[str, Any]) -> None:
         history = getattr(strategy, "history", [])
         boundary_s = [entry["boundary_s"] for entry in history]
         Path(config["result"]).write_text(json.dumps({"step_s": gaps, "boundary_s": boundary_s}))
+    release_process_group()
 
 
 def measure_overhead(

@@ -379,10 +379,16 @@ def run(config: RunConfig) -> dict[str, Any]:
             }
     if trainer.global_rank == 0 and config.result:
         Path(config.result).write_text(json.dumps(summary, indent=1))
-    if torch.distributed.is_initialized():
-        # Leaving gloo's threads to interpreter shutdown can abort a rank after training.
-        torch.distributed.destroy_process_group()
+    release_process_group()
     return summary
+
+
+def release_process_group() -> None:
+    """Destroy the default process group, if any, before the process exits: gloo's threads
+    left to interpreter shutdown can abort a rank after training ("terminate called without
+    an active exception"), failing a run that finished."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 # Set by a launcher (Lightning's, torchrun, SLURM) for the ranks it starts. A fresh job
