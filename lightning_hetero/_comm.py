@@ -1,42 +1,65 @@
-"""Step timers: each training step's compute time, apart from its waiting for other ranks."""
+"""Step timers: what each training step costs a rank, apart from its waiting for other ranks."""
 
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["CudaStepTimer", "HostStepTimer"]
+__all__ = ["CudaStepTimer", "HostStepTimer", "StepRecord"]
+
+
+class StepRecord(NamedTuple):
+    """One timed training step of one rank."""
+
+    batch_size: int
+    #: Seconds of the rank's own work in the step (its cost), waiting excluded.
+    compute_s: float
+    #: Seconds blocked in collectives (waiting for other ranks) during the step.
+    wait_s: float
+    #: The step was timed from the end of the previous one, so its data loading and the
+    #: loop's work between steps are in ``compute_s``; ``False`` for the first step after
+    #: a break (an epoch's first step, the first after validation), timed from its batch's
+    #: arrival only.
+    full: bool
 
 
 class HostStepTimer:
-    """Times each training step on the host clock: compute, and waiting for other ranks.
+    """Times each training step's cost on the host clock: everything on the training thread
+    except waiting for other ranks.
 
-    A step runs from :meth:`start` (the batch is on the device) to its last *end mark*:
-    the end of a backward pass (:meth:`backward_done`) or of an optimizer step
-    (:meth:`step_done`), whichever came last. Inside it, the time spent waiting for other
-    ranks is the sum of its *wait segments*: each backward's, from the moment its local
-    gradients were ready (the last :meth:`grads_ready` call; one per accumulated gradient)
-    until the backward ended (all-reduce finished, including waiting for slower ranks), and any
-    other collective timed with :meth:`waiting` (e.g. a ``sync_dist`` metric reduction).
-    ``wait_s`` is that sum, ``compute_s`` the step's time minus it: forward, every
-    backward (manual optimization may run several), gradient clipping and the optimizer
-    step all count as compute. A backward without a hook call (``no_sync`` during
-    gradient accumulation, or no DDP at all) is all compute; a wait segment that begins
-    after the step's last end mark (e.g. a metric synced in ``on_train_batch_end``) lies
-    outside the step and is not counted.
+    A step *cycle* runs from the end of the previous step to the end of this one: the loop's
+    and the callbacks' work after the previous step (progress bar, logging), fetching and
+    collating this step's batch (with ``DataLoader(num_workers=0)`` on this thread), moving
+    it to the device, forward, every backward, gradient clipping and the optimizer step. A
+    step ends at its last *end mark*: the end of a backward (:meth:`backward_done`) or of
+    an optimizer step (:meth:`step_done`). The first step after :meth:`break_cycle` (an
+    epoch's first, the first after validation) has no previous end: it is timed from
+    :meth:`start` (its batch is on the device) and recorded with ``full=False``.
+
+    Inside the cycle, the time spent waiting for other ranks is the sum of its *wait
+    segments*: each backward's, from the moment its local gradients were ready (the last
+    :meth:`grads_ready` call; one per accumulated gradient) until the backward ended
+    (all-reduce finished, waiting for slower ranks included), and any other collective timed
+    with :meth:`waiting` (a ``sync_dist`` reduction, the re-planner's boundary). ``wait_s``
+    is that sum, ``compute_s`` the cycle's time minus it, and ``compute_s + wait_s`` the
+    wall time of the cycle: the synchronous step time. A backward without a hook call
+    (``no_sync`` during gradient accumulation, or no DDP at all) is all compute; a wait that
+    begins after a step's last end mark belongs to the next step's cycle.
 
     :meth:`finish` (also called by :meth:`start` and :meth:`collect`) closes the step; a
-    step without an end mark (nothing was backpropagated) records nothing, and marks made
-    while no step is open are ignored.
+    step without an end mark (nothing was backpropagated) records nothing and breaks the
+    cycle, and marks made while no step is open are ignored.
     """
 
     def __init__(self) -> None:
-        # (batch_size, start, end, ((wait_begin, wait_end), ...), other waits in seconds)
-        self._pending: list[tuple[int, Any, Any, tuple[tuple[Any, Any], ...], float]] = []
+        # (batch_size, begin, end, ((wait_begin, wait_end), ...), other waits in s, full)
+        self._pending: list[tuple[int, Any, Any, tuple[tuple[Any, Any], ...], float, bool]] = []
         self._batch_size = 0
+        self._cycle_begin: Any = None  # the previous step's end, until a break
         self._start: Any = None
+        self._full = False
         self._ready: Any = None
         self._end: Any = None
         self._waits: list[tuple[Any, Any]] = []
@@ -53,10 +76,19 @@ class HostStepTimer:
         return end - begin
 
     def start(self, batch_size: int) -> None:
-        """A step on ``batch_size`` samples starts now (closing any open step)."""
+        """A step on ``batch_size`` samples has its batch on the device (closing any open
+        step); its cycle began at the previous step's end, if no break came since."""
         self.finish()
         self._batch_size = batch_size
-        self._start = self._now()
+        self._full = self._cycle_begin is not None
+        self._start = self._cycle_begin if self._full else self._now()
+
+    def break_cycle(self) -> None:
+        """What runs until the next :meth:`start` is no step's cost (a new epoch, validation):
+        the next step is timed from its start."""
+        self.finish()
+        self._cycle_begin = None
+        self._waits = []
 
     def grads_ready(self) -> None:
         """This rank's gradients of the current backward are all computed."""
@@ -85,15 +117,15 @@ class HostStepTimer:
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
-        """Time the block (a collective) as waiting, if it lies inside the step."""
-        if self._start is None:
+        """Time the block (a collective) as waiting, if it lies inside a step's cycle."""
+        if self._start is None and self._cycle_begin is None:
             yield
             return
         begin = self._now()
         try:
             yield
         finally:
-            if self._start is not None:
+            if self._start is not None or self._cycle_begin is not None:
                 self._waits.append((begin, self._now()))
 
     def _mark_end(self, mark: Any) -> None:
@@ -101,36 +133,48 @@ class HostStepTimer:
         self._waits_in_step = len(self._waits)
 
     def finish(self) -> None:
-        """Close the open step: it ends at its last end mark."""
-        if self._start is not None and self._end is not None:
+        """Close the open step: it ends at its last end mark, where the next cycle begins."""
+        if self._start is None:
+            return
+        if self._end is not None:
             waits = tuple(self._waits[: self._waits_in_step])
             record = (self._batch_size, self._start, self._end, waits, self._extra_wait_s)
-            self._pending.append(record)
+            self._pending.append((*record, self._full))
+            self._waits = self._waits[self._waits_in_step :]  # they belong to the next cycle
+        else:
+            self._waits = []
+        self._cycle_begin = self._end
         self._start = self._ready = self._end = None
-        self._waits = []
         self._waits_in_step = 0
         self._extra_wait_s = 0.0
 
-    def collect(self, synchronize: bool = False) -> list[tuple[int, float, float]]:
-        """Finished steps since the last call as ``(batch_size, compute_s, wait_s)``.
+    def collect(self, synchronize: bool = False) -> list[StepRecord]:
+        """Finished steps since the last call, oldest first.
 
         Closes the open step first: call it once the step is over (after the batch).
         """
         self.finish()
         records = []
         while self._pending and self._finished(self._pending[0][2], synchronize):
-            batch_size, start, end, waits, extra_wait_s = self._pending.pop(0)
+            batch_size, start, end, waits, extra_wait_s, full = self._pending.pop(0)
             wait_s = extra_wait_s + sum(self._elapsed_s(begin, stop) for begin, stop in waits)
-            records.append((batch_size, self._elapsed_s(start, end) - wait_s, wait_s))
+            records.append(StepRecord(batch_size, self._elapsed_s(start, end) - wait_s, wait_s, full))
         return records
 
 
 class CudaStepTimer(HostStepTimer):
     """The same measurements with CUDA events, on the device's own clock.
 
-    Events are recorded on the current stream and read once they have completed, so
-    timing never blocks the host except when :meth:`collect` is asked to
-    ``synchronize`` at a boundary.
+    Every mark is an event recorded on the current stream, and a cycle is the device-clock
+    time between the previous step's end event and this step's. That one interval holds
+    both parts of a step's cost: the device's work, and the host's work on the training
+    thread (loading the next batch with ``num_workers=0``, Python in the loop), which shows
+    up as the device idling between two steps' kernels because the host had not yet queued
+    them. Work the host does while the device is still busy costs nothing and counts
+    nothing. Waits are the device time between a backward's gradients-ready event and its
+    end (the all-reduce, and any idling for a slower rank), and blocks timed with
+    :meth:`waiting`. Events are read once they have completed, so timing never blocks the
+    host except when :meth:`collect` is asked to ``synchronize`` at a boundary.
     """
 
     def _now(self) -> torch.cuda.Event:

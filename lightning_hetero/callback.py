@@ -59,7 +59,9 @@ class HeteroCallback(Callback):
     plan or ``Trainer(log_every_n_steps=...)`` steps have passed since the last one logged):
     ``hetero/batch_size/rank{k}``, ``hetero/compute_time/rank{k}``,
     ``hetero/wait_time/rank{k}``, ``hetero/throughput/rank{k}``,
-    ``hetero/memory_used/rank{k}``, ``hetero/balance`` and ``hetero/adjustments``, and saves
+    ``hetero/memory_used/rank{k}``, ``hetero/balance``, ``hetero/adjustments`` and, where
+    plan changes are checked against the step time (``revert_slower``), ``hetero/step_time``
+    (the measured wall time of a step) and ``hetero/reverts`` (changes undone), and saves
     the re-planner's state in checkpoints (plan, rank 0's controller, history, and each
     rank's host, local rank and throughput at the last boundary). A resume with the same
     world size continues the saved plan and controller; with another world size the plan is
@@ -166,7 +168,11 @@ class HeteroCallback(Callback):
             for rank, value in enumerate(entry.get(name) or []):
                 metrics[f"hetero/{name}/rank{rank}"] = float(value)
         metrics["hetero/balance"] = entry["balance"]
-        metrics["hetero/adjustments"] = float(self._replanner_of(trainer).adjustments)
+        replanner = self._replanner_of(trainer)
+        metrics["hetero/adjustments"] = float(replanner.adjustments)
+        if replanner.guard is not None:
+            metrics["hetero/step_time"] = entry["step_time"]
+            metrics["hetero/reverts"] = float(replanner.guard.reverts)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 
@@ -179,6 +185,8 @@ class HeteroCallback(Callback):
             "throughput per rank (samples/s)": ["Multiline", [r"hetero/throughput/rank\d+"]],
             "memory in use per rank (fraction)": ["Multiline", [r"hetero/memory_used/rank\d+"]],
             "balance efficiency": ["Multiline", [r"hetero/balance"]],
+            "step time (s)": ["Multiline", [r"hetero/step_time"]],
+            "plan changes and reverts": ["Multiline", [r"hetero/adjustments", r"hetero/reverts"]],
             "updates per rank": ["Multiline", [r"hetero/updates/rank\d+"]],
             "staleness per rank (server versions)": ["Multiline", [r"hetero/staleness/rank\d+"]],
         }

@@ -36,7 +36,8 @@ from lightning_hetero.collectives import Collectives, is_mean, weighted_mean_
 from lightning_hetero.emulate import Throttle
 from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
-from lightning_hetero.planning import BatchLimits, Controller
+from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
+from lightning_hetero.planning.base import Deadband
 from lightning_hetero.planning.dual import DualBatchPlan
 from lightning_hetero.replan import Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
@@ -50,7 +51,7 @@ def hetero_parts(
     controller: str | Controller | None,
     options: ModeOptions,
     *,
-    deadband: float,
+    deadband: Deadband,
     smoothing: float,
     batch_sizes: str | list[int],
     min_batch_size: int | None,
@@ -91,6 +92,7 @@ class HeteroEngine:
         plan_state: PlanState,
         *,
         shuffle: bool,
+        revert_slower: bool,
         smoothing: float,
         adjust_every: Any,
         memory_safety: float,
@@ -101,7 +103,12 @@ class HeteroEngine:
         self.memory_safety, self.probe_batch_sizes = memory_safety, probe_batch_sizes
         self.training_mode = training_mode
         self.plan_state = plan_state
-        self.replanner = Replanner(self, training_mode.controller, smoothing, adjust_every)
+        self.revert_slower = revert_slower
+        # the objective it checks, one step time for every rank, exists in lock-step modes
+        guard = StepTimeGuard() if revert_slower and training_mode.steps_together else None
+        self.replanner = Replanner(
+            self, training_mode.controller, smoothing, adjust_every, guard=guard
+        )
         self.memory_probe = None
         self.timer = HostStepTimer()
         self._optimizers_ready = False  # set-up has built the optimizers
@@ -387,6 +394,7 @@ class HeteroEngine:
     def on_validation_start(self) -> None:
         super().on_validation_start()
         trainer = self.lightning_module.trainer
+        self.timer.break_cycle()  # validation is no training step's cost
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
             self.training_mode.on_validation_start()
 

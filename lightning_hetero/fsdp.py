@@ -127,7 +127,8 @@ class HeteroFSDPStrategy(LateBinding, HeteroEngine, _ShardedParallel):
         shard_modules: class names of the submodules to shard each on their own (e.g.
             ``["TransformerBlock"]``), before the root; default: only the root.
         controller, batch_sizes, global_batch_size, min_batch_size, max_batch_size,
-            memory_safety, probe_batch_sizes, deadband, smoothing, adjust_every, shuffle: as
+            memory_safety, probe_batch_sizes, deadband, revert_slower, smoothing,
+            adjust_every, shuffle: as
             :class:`~lightning_hetero.HeteroStrategy`.
     """
 
@@ -150,7 +151,8 @@ class HeteroFSDPStrategy(LateBinding, HeteroEngine, _ShardedParallel):
         max_batch_size: int | list[int] | Literal["auto"] | None = None,
         memory_safety: float = 0.9,
         probe_batch_sizes: list[int] | None = None,
-        deadband: float = 0.05,
+        deadband: float | Literal["auto"] = "auto",
+        revert_slower: bool = True,
         smoothing: float = 0.8,
         adjust_every: Literal["epoch"] | int = "epoch",
         shuffle: bool = True,
@@ -196,6 +198,7 @@ class HeteroFSDPStrategy(LateBinding, HeteroEngine, _ShardedParallel):
             training_mode,
             plan_state,
             shuffle=shuffle,
+            revert_slower=revert_slower,
             smoothing=smoothing,
             adjust_every=adjust_every,
             memory_safety=memory_safety,

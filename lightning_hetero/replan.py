@@ -16,6 +16,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, fields
+from statistics import fmean
 from typing import Any, Literal, Protocol
 
 import torch
@@ -25,7 +26,14 @@ from lightning_hetero._comm import HostStepTimer
 from lightning_hetero.collectives import Collectives
 from lightning_hetero.modes.base import Mode
 from lightning_hetero.plan_state import PlanState
-from lightning_hetero.planning import Controller, RankStats, TimingSmoother, balance_efficiency
+from lightning_hetero.planning import (
+    Controller,
+    RankStats,
+    StepTimeGuard,
+    TimingSmoother,
+    balance_efficiency,
+)
+from lightning_hetero.planning.base import Deadband, check_deadband
 from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
 from lightning_hetero.planning.split import is_count
 from lightning_hetero.resources import ResourceMeter
@@ -37,11 +45,10 @@ _COLLECT_EVERY = 64
 
 
 def check_replan_options(
-    deadband: float, smoothing: float, adjust_every: Literal["epoch"] | int
+    deadband: Deadband, smoothing: float, adjust_every: Literal["epoch"] | int
 ) -> None:
     """Refuse bad re-planning options at construction."""
-    if not 0.0 <= deadband < 1.0:
-        raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
+    check_deadband(deadband)
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing}.")
     if adjust_every != "epoch" and not is_count(adjust_every):
@@ -69,6 +76,12 @@ class RankReport:
     memory_available: float
     #: :func:`plan_checksum` of the plan in force on this rank (ranks must agree).
     plan_check: int = 0
+    #: Standard error of ``compute_s`` (its noise), seconds.
+    compute_se: float = math.nan
+    #: Mean wall time of a step (compute plus wait) since the last change, and its standard
+    #: error, seconds.
+    step_s: float = math.nan
+    step_se: float = math.nan
 
     @staticmethod
     def columns(rows: Sequence[Sequence[float]]) -> dict[str, list[Any]]:
@@ -118,6 +131,8 @@ class Replanner:
         controller: decides the next plan from the reports (on rank 0).
         smoothing: EWMA factor of step times.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
+        guard: checks each plan change against the measured step time and reverts one that
+            made steps slower (lock-step modes; ``None``: changes are kept unchecked).
     """
 
     def __init__(
@@ -126,17 +141,22 @@ class Replanner:
         controller: Controller,
         smoothing: float,
         adjust_every: Literal["epoch"] | int,
+        guard: StepTimeGuard | None = None,
     ) -> None:
         self.host = host
         self.controller = controller
         self.smoothing = smoothing
         self.adjust_every = adjust_every
+        self.guard = guard
         #: One entry per boundary (see the README for its keys).
         self.history: list[dict[str, Any]] = []
         #: Called with each new history entry (the callback logs it).
         self.on_record: Callable[[dict[str, Any]], None] | None = None
         self.adjustments = 0
         self.batches = 0
+        #: Training batches since the epoch started, or this fit resumed inside it: Lightning
+        #: runs the same batches on every rank, so every rank holds the same count.
+        self._epoch_batches = 0
         self._smoother = TimingSmoother(smoothing)
         self._meter: ResourceMeter | None = None
         self._identities: list[RankIdentity] = []
@@ -150,16 +170,19 @@ class Replanner:
         host = self.host
         self._smoother = TimingSmoother(self.smoothing)
         self._meter = ResourceMeter(host.root_device)
+        self._epoch_batches = 0  # a resume inside an epoch gets no `epoch_started`
         with host.comm.guarded("the gather of host names"):
             rows = host.comm.gather_objects((socket.gethostname(), host.local_rank))
         self._identities = [RankIdentity(str(name), int(local)) for name, local in rows]
 
     def _collect(self, synchronize: bool = False) -> None:
-        for batch_size, compute_s, wait_s in self.host.timer.collect(synchronize=synchronize):
-            self._smoother.update(batch_size, compute_s, wait_s)
+        for record in self.host.timer.collect(synchronize=synchronize):
+            self._smoother.update(*record)
 
     def epoch_started(self) -> None:
         """An epoch of training starts."""
+        self._epoch_batches = 0
+        self.host.timer.break_cycle()  # the time between epochs is no step's
         self.host.training_mode.on_train_epoch_start()
 
     def batch_finished(self, epoch: int, step: int) -> None:
@@ -169,14 +192,24 @@ class Replanner:
         ``_COLLECT_EVERY`` batches, which keeps the timer's pending steps few without
         per-step work."""
         self.batches += 1
+        self._epoch_batches += 1
         if self.batches % _COLLECT_EVERY == 0:
             self._collect()
         if self.adjust_every != "epoch" and self.batches % self.adjust_every == 0:
-            self.boundary(epoch, step)
+            with self.host.timer.waiting():  # the same on every rank: not the next step's cost
+                self.boundary(epoch, step)
 
     def epoch_finished(self, epoch: int, step: int) -> None:
-        """The epoch's batches are over: the mode's epoch end, then an epoch boundary."""
-        if self.host.training_mode.on_train_epoch_end() and self.adjust_every == "epoch":
+        """The epoch's batches are over: the mode's epoch end, then an epoch boundary.
+
+        No boundary when this fit trained no batch of the epoch: a resume from a checkpoint
+        written by validation after the epoch's last batch ends that epoch at once, with
+        nothing measured (every rank alike: the count is Lightning's, not a timing)."""
+        if (
+            self.host.training_mode.on_train_epoch_end()
+            and self.adjust_every == "epoch"
+            and self._epoch_batches > 0
+        ):
             self._collect(synchronize=True)
             self.boundary(epoch, step)
 
@@ -188,7 +221,10 @@ class Replanner:
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
         drawn = self.host.training_mode.drawn_steps()
         check = plan_checksum(self.host.plan_state.batch_sizes)
-        return RankReport(s.batch_size, s.compute_s, s.wait_s, s.steps, drawn, *readings, check)
+        return RankReport(
+            s.batch_size, s.compute_s, s.wait_s, s.steps, drawn, *readings, check,
+            s.compute_se, s.step_s, s.step_se,
+        )  # fmt: skip
 
     def boundary(self, epoch: int, step: int, updates: list[int] | None = None) -> None:
         """Gather every rank's report, re-plan on rank 0, apply the plan everywhere.
@@ -217,7 +253,7 @@ class Replanner:
         ]
         self._measured_batch_sizes = measured
         readings = (got["memory_used"], got["cpu_available"], got["memory_available"])
-        stats = list(map(RankStats, *readings, counts))
+        stats = list(map(RankStats, *readings, counts, got["compute_se"]))
         plan = state.batch_sizes
         entry: dict[str, Any] = {
             "epoch": epoch,
@@ -229,6 +265,8 @@ class Replanner:
             "updates": updates,
             "balance": float("nan"),
             "changed": False,
+            "step_time": _mean_finite(got["step_s"]),
+            "reverted": False,
         }
         no_timings = [rank for rank, steps in enumerate(got["steps"]) if steps < 1]
         if no_timings:
@@ -248,6 +286,7 @@ class Replanner:
             )
         else:
             entry["balance"] = balance_efficiency(plan, compute_s)
+            back = self._review(plan, got["step_s"], got["step_se"])
             if self.controller.replicable:  # every rank decides: no broadcast
                 new_plan = self._checked(self._decide(plan, compute_s, stats))
             else:
@@ -255,6 +294,14 @@ class Replanner:
                 with host.comm.guarded("the plan broadcast"):
                     decided = host.comm.broadcast_ints(decided)
                 new_plan = self._checked(decided)  # not in the guard: the broadcast worked
+            if back is not None:
+                new_plan, entry["reverted"] = back, True
+                rank_zero_info(
+                    f"hetero: the plan {plan} made steps slower ({entry['step_time']:.4g} s)"
+                    f" than {back} before it; going back to {back}."
+                )
+            elif self.guard is not None and not host.training_mode.fixed_plan:
+                new_plan = self.guard.propose(plan, new_plan)
             if new_plan != plan:
                 host.apply_plan(new_plan, from_step=first_undrawn_step)
                 self.adjustments += 1
@@ -267,6 +314,18 @@ class Replanner:
         self.history.append(entry)
         if self.on_record is not None:
             self.on_record(entry)
+
+    def _review(
+        self, plan: list[int], step_s: Sequence[float], step_se: Sequence[float]
+    ) -> list[int] | None:
+        """The guard's verdict on the plan in force (every rank alike, from gathered
+        numbers): the plan to go back to, or ``None``."""
+        if self.guard is None or self.host.training_mode.fixed_plan:
+            return None
+        mean_s = _mean_finite(step_s)
+        if not (math.isfinite(mean_s) and mean_s > 0):
+            return None
+        return self.guard.review(plan, mean_s, _mean_finite(step_se))
 
     def _decide(self, plan: list[int], compute_s: list[float], stats: list[RankStats]) -> list[int]:
         """Run the controller (on every rank if it is ``replicable``, else on rank 0); its
@@ -345,6 +404,7 @@ class Replanner:
             "world_size": host.world_size,
             "controller_class": type(self.controller).__name__,
             "controller": self.controller.state_dict(),
+            "guard": None if self.guard is None else self.guard.state_dict(),
             "history": [dict(entry) for entry in self.history],
             "adjustments": self.adjustments,
             "batches": self.batches,
@@ -376,6 +436,8 @@ class Replanner:
             self._keep_saved_throughputs(state["ranks"])
             if state["controller_class"] == type(self.controller).__name__:
                 self.controller.load_state_dict(state["controller"])
+            if self.guard is not None and state.get("guard") is not None:
+                self.guard.load_state_dict(state["guard"])
             else:
                 rank_zero_warn(
                     f"The checkpoint was written with the {state['controller_class']}"
@@ -435,3 +497,9 @@ class Replanner:
             f" {self.host.world_size}: {how}. The controller's state"
             f" ({state['controller_class']}) starts fresh."
         )
+
+
+def _mean_finite(values: Sequence[float]) -> float:
+    """Mean of the finite values (``nan`` when none is)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return fmean(finite) if finite else math.nan

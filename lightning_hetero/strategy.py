@@ -68,7 +68,12 @@ class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
         probe_batch_sizes: batch sizes ``max_batch_size="auto"`` probes (default: four
             sizes doubling up to ``B``); sizes that would not fit are skipped or caught.
         deadband: how much better a new plan must be before the plan changes (controllers
-            built by name; each controller's docstring says what it compares).
+            built by name; each controller's docstring says what it compares): a relative
+            gain in ``[0, 1)``, or ``"auto"``: twice the measured relative noise of the
+            ranks' step times, at least 1% (controllers without ``"auto"`` use 5%).
+        revert_slower: BSP: check every plan change against the measured wall time of a
+            step and undo a change that made steps slower beyond the measured noise; later
+            changes then move half as far (see the README, "Never slower than DDP").
         smoothing: EWMA factor of step times, in ``[0, 1)``; 0 keeps only the last step.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
@@ -133,7 +138,8 @@ class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
         max_batch_size: int | list[int] | Literal["auto"] | None = None,
         memory_safety: float = 0.9,
         probe_batch_sizes: list[int] | None = None,
-        deadband: float = 0.05,
+        deadband: float | Literal["auto"] = "auto",
+        revert_slower: bool = True,
         smoothing: float = 0.8,
         adjust_every: Literal["epoch"] | int = "epoch",
         weighted: bool = True,
@@ -185,6 +191,7 @@ class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
             training_mode,
             plan_state,
             shuffle=shuffle,
+            revert_slower=revert_slower,
             smoothing=smoothing,
             adjust_every=adjust_every,
             memory_safety=memory_safety,

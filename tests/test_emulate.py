@@ -48,3 +48,165 @@ def test_schedule_keys_count_epochs_or_global_steps(monkeypatch, unit, expected)
         throttle.on_before_backward(trainer, None, None)
         delays.append(sum(slept))
     assert delays == pytest.approx(expected)
+
+
+def _trainer(rank=0, epoch=0, step=0, world_size=2):
+    return SimpleNamespace(
+        global_rank=rank, current_epoch=epoch, global_step=step, world_size=world_size
+    )
+
+
+def _record_sleeps(monkeypatch):
+    """Patch the module's ``time.sleep``; returns the list of seconds it was asked for."""
+    slept = []
+    monkeypatch.setattr("lightning_hetero.emulate.time.sleep", slept.append)
+    return slept
+
+
+def _step_sleeps(throttle, trainer, batch_size, slept):
+    """Run a step's hooks; returns ``{hook: seconds slept in it}``."""
+    per_hook = {}
+    for hook, call in (
+        (
+            "on_train_batch_start",
+            lambda: throttle.on_train_batch_start(trainer, None, torch.zeros(batch_size, 3), 0),
+        ),
+        ("on_before_backward", lambda: throttle.on_before_backward(trainer, None, None)),
+    ):
+        before = len(slept)
+        call()
+        per_hook[hook] = slept[before:]
+    return per_hook
+
+
+@pytest.mark.parametrize(
+    ("options", "rank", "batch_size", "expected"),
+    [
+        ({}, 1, 10, (0.0, 2.0)),
+        ({"load_cost": 0.01}, 1, 10, (0.1, 2.0)),
+        ({"load_cost": [0.01, 0.03]}, 1, 10, (0.3, 2.0)),
+        ({"step_cost": [0.5, 0.25]}, 0, 10, (0.0, 1.5)),
+        ({"floor": 3.0}, 1, 10, (0.0, 3.0)),  # 0.2 * 10 is below the floor
+        ({"floor": 3.0}, 1, 20, (0.0, 4.0)),  # above it
+        ({"floor": [0.0, 3.0], "step_cost": 0.5}, 1, 10, (0.0, 3.5)),  # floor, then step cost
+        ({"floor": [0.0, 3.0], "step_cost": 0.5, "load_cost": 0.01}, 0, 10, (0.1, 1.5)),
+    ],
+)
+def test_delay_is_load_then_the_larger_of_floor_and_samples_plus_the_step_cost(
+    options, rank, batch_size, expected
+):
+    throttle = Throttle([0.1, 0.2], **options)
+    assert throttle.delay_s(rank, 0, batch_size) == pytest.approx(expected)
+
+
+def test_floor_step_and_load_costs_apply_before_the_first_schedule_entry():
+    throttle = Throttle({3: [0.1]}, load_cost=0.01, step_cost=0.5, floor=1.0)
+    assert throttle.delay_s(0, 0, 10) == pytest.approx((0.1, 1.5))
+    assert throttle.delay_s(0, 3, 20) == pytest.approx((0.2, 2.5))
+
+
+def test_new_options_keep_the_positional_arguments():
+    throttle = Throttle({0: [0.0], 7: [0.05]}, "step", load_cost=0.01)
+    assert throttle.unit == "step"
+    assert throttle.delay_s(0, 7, 10) == pytest.approx((0.1, 0.5))
+    assert Throttle([0.1]).delay_s(0, 0, 10) == pytest.approx((0.0, 1.0))  # no extra cost
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"load_cost": -0.1}, r"`load_cost` must be a number >= 0 .* got -0.1"),
+        ({"load_cost": "0.1"}, r"`load_cost` must be .* got '0.1'"),
+        ({"load_cost": []}, r"`load_cost` must be .* got \[\]"),
+        ({"step_cost": [0.1, -0.1]}, r"`step_cost` must be .*one per rank.* got \[0.1, -0.1\]"),
+        ({"step_cost": float("nan")}, "`step_cost` must be"),
+        ({"floor": True}, "`floor` must be .* got True"),
+        ({"floor": [0.1, None]}, "`floor` must be"),
+        ({"noise": -0.5}, r"`noise` must be a number >= 0 \(a relative standard .* got -0.5"),
+        ({"noise": [0.1, 0.1]}, r"`noise` must be .* got \[0.1, 0.1\]"),
+        ({"seed": 1.5}, "`seed` must be an int, got 1.5"),
+        ({"load_cost": [0.1, 0.1, 0.1]}, "`load_cost` has 3 entries but `sample_cost` has 2"),
+        ({"floor": [0.1]}, "`floor` has 1 entries but `sample_cost` has 2"),
+    ],
+    ids=str,
+)
+def test_bad_options_are_refused_saying_what_was_expected(options, match):
+    with pytest.raises(ValueError, match=match):
+        Throttle([0.1, 0.2], **options)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"load_cost": [0.1, 0.2]}, {"step_cost": [0.0, 0.1], "floor": [1.0, 1.0]}]
+)
+def test_setup_refuses_a_run_of_another_width(options):
+    throttle = Throttle([0.1, 0.2], **options)
+    throttle.setup(_trainer(world_size=2), None, "fit")
+    with pytest.raises(ValueError, match="for 2 ranks but the run has 3"):
+        throttle.setup(_trainer(world_size=3), None, "fit")
+
+
+def test_numbers_fit_any_width():
+    Throttle([0.1, 0.2, 0.3], load_cost=0.1, step_cost=0.1, floor=0.1).setup(
+        _trainer(world_size=3), None, "fit"
+    )
+
+
+def test_loading_sleeps_before_the_forward_and_compute_before_backward(monkeypatch):
+    slept = _record_sleeps(monkeypatch)
+    throttle = Throttle([0.1, 0.2], load_cost=[0.01, 0.03], step_cost=0.5, floor=[0.0, 3.0])
+    per_hook = _step_sleeps(throttle, _trainer(rank=1), 10, slept)
+    assert per_hook["on_train_batch_start"] == [pytest.approx(0.3)]
+    assert per_hook["on_before_backward"] == [pytest.approx(3.5)]
+
+
+def test_no_cost_means_no_sleep(monkeypatch):
+    slept = _record_sleeps(monkeypatch)
+    per_hook = _step_sleeps(Throttle([0.0, 0.0]), _trainer(), 10, slept)
+    assert per_hook == {"on_train_batch_start": [], "on_before_backward": []}
+
+
+def test_emulate_step_sleeps_the_whole_step(monkeypatch):
+    slept = _record_sleeps(monkeypatch)
+    throttle = Throttle([0.1, 0.2], load_cost=0.01, step_cost=[0.5, 0.25], floor=[3.0, 0.0])
+    throttle.emulate_step(_trainer(rank=0), torch.zeros(10, 3))
+    assert sum(slept) == pytest.approx(0.1 + 3.0 + 0.5)
+    slept.clear()
+    throttle.emulate_step(_trainer(rank=1), torch.zeros(10, 3))
+    assert sum(slept) == pytest.approx(0.1 + 2.0 + 0.25)
+
+
+def test_noise_is_seeded_by_seed_and_rank():
+    def factors(seed, rank, n=5):
+        throttle = Throttle([0.1, 0.2], noise=0.2, seed=seed)
+        return [throttle.noise_factor(rank) for _ in range(n)]
+
+    assert factors(0, 0) == factors(0, 0)
+    assert factors(0, 0) != factors(0, 1)
+    assert factors(0, 0) != factors(1, 0)
+    assert len(set(factors(0, 0))) == 5
+
+
+def test_noise_has_mean_one_and_the_relative_spread_asked_for():
+    throttle = Throttle([0.1], noise=0.1, seed=3)
+    draws = [throttle.noise_factor(0) for _ in range(4000)]
+    mean = sum(draws) / len(draws)
+    sd = (sum((d - mean) ** 2 for d in draws) / len(draws)) ** 0.5
+    assert mean == pytest.approx(1.0, abs=0.01)
+    assert sd == pytest.approx(0.1, rel=0.1)
+
+
+def test_noise_factors_never_fall_below_five_percent():
+    throttle = Throttle([0.1], noise=5.0)
+    draws = [throttle.noise_factor(0) for _ in range(500)]
+    assert min(draws) == 0.05
+    assert Throttle([0.1]).noise_factor(0) == 1.0  # no noise: exactly the delay
+
+
+def test_every_delay_gets_its_own_noise_factor(monkeypatch):
+    slept = _record_sleeps(monkeypatch)
+    throttle = Throttle([0.1, 0.2], load_cost=0.01, noise=0.2, seed=7)
+    per_hook = _step_sleeps(throttle, _trainer(rank=1), 10, slept)
+    twin = Throttle([0.1, 0.2], noise=0.2, seed=7)
+    first, second = twin.noise_factor(1), twin.noise_factor(1)
+    assert per_hook["on_train_batch_start"] == [pytest.approx(0.1 * first)]
+    assert per_hook["on_before_backward"] == [pytest.approx(2.0 * second)]

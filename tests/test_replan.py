@@ -15,10 +15,11 @@ from lightning_hetero.replan import RankReport, Replanner, check_replan_options,
 
 
 def test_a_report_travels_as_one_row_and_comes_back_typed():
-    report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6, plan_checksum([3, 5]))
+    check = plan_checksum([3, 5])
+    report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6, check, 0.01, 0.6, 0.02)
     row = report.row()
-    assert row == [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6, float(plan_checksum([3, 5]))]
-    other = RankReport(8, 0.25, 0.0, 1, 2, 0.5, 1.0, 0.4, plan_checksum([3, 5]))
+    assert row == [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6, float(check), 0.01, 0.6, 0.02]
+    other = RankReport(8, 0.25, 0.0, 1, 2, 0.5, 1.0, 0.4, check, 0.0, 0.25, 0.0)
     got = RankReport.columns([row, other.row()])
     for k, sent in enumerate((report, other)):
         assert RankReport(*[column[k] for column in got.values()]) == sent
@@ -59,7 +60,34 @@ class _Keep(Controller):
 
 def _timed(host: _Host, batch_size: int, steps: int, seconds: float) -> None:
     for _ in range(steps):
-        host.timer._pending.append((batch_size, 0.0, seconds, (), 0.0))
+        host.timer._pending.append((batch_size, 0.0, seconds, (), 0.0, True))
+
+
+def _end_epoch(replanner: Replanner, steps: int) -> None:
+    """An epoch of ``steps`` training batches ends (the callback's hooks, in order)."""
+    replanner.epoch_started()
+    for step in range(1, steps + 1):
+        replanner.batch_finished(epoch=0, step=step)
+    replanner.epoch_finished(epoch=0, step=steps)
+
+
+def test_an_epoch_end_without_a_batch_in_this_fit_runs_no_boundary():
+    # a resume from a checkpoint written by validation after the epoch's last batch: the
+    # fit restarts inside the epoch (no `epoch_started`) and ends it with no batch left
+    host = _Host([8])
+    ends = []
+    host.training_mode.on_train_epoch_end = lambda: ends.append(1) or True
+    replanner = Replanner(host, ProportionalController(), smoothing=0.5, adjust_every="epoch")
+    replanner.batches = 6  # restored from the checkpoint
+    replanner.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no finite step timings"
+        replanner.epoch_finished(epoch=0, step=6)
+    assert replanner.history == [] and ends == [1]  # the mode's epoch end still runs
+    _timed(host, 8, 2, 0.04)
+    _end_epoch(replanner, steps=2)  # the next epoch trains: its boundary runs
+    assert [entry["epoch"] for entry in replanner.history] == [0]
+    assert replanner.history[0]["compute_times"] == [pytest.approx(0.04)]
 
 
 def test_a_boundary_without_timings_keeps_the_plan_and_records_it():
@@ -68,7 +96,7 @@ def test_a_boundary_without_timings_keeps_the_plan_and_records_it():
     records = []
     replanner.on_record = records.append
     with pytest.warns(UserWarning, match=r"ranks \[0\] have no finite step timings"):
-        replanner.epoch_finished(epoch=0, step=3)
+        _end_epoch(replanner, steps=3)
     (entry,) = replanner.history
     assert records == [entry]
     assert entry["batch_sizes"] == entry["next_batch_sizes"] == [8]
@@ -106,7 +134,7 @@ def test_a_failing_controller_stops_every_rank_with_its_name(replicable):
         pytest.warns(UserWarning, match="the controller failed: ZeroDivisionError"),
         pytest.raises(RuntimeError, match="the _Broken controller failed"),
     ):
-        replanner.epoch_finished(epoch=0, step=2)
+        _end_epoch(replanner, steps=2)
 
 
 class _CountingComm(Collectives):
@@ -145,7 +173,7 @@ def test_a_replicable_controller_decides_on_every_rank_without_a_broadcast(repli
     host = _two_ranks(controller)
     replanner = Replanner(host, controller, smoothing=0.0, adjust_every="epoch")
     replanner.start()
-    replanner.epoch_finished(epoch=0, step=3)
+    _end_epoch(replanner, steps=3)
     assert host.comm.broadcasts == ([] if replicable else [[8, 8]])
     assert replanner.history[-1]["next_batch_sizes"] == [8, 8]
 
@@ -156,7 +184,7 @@ def test_ranks_holding_different_plans_stop_with_a_message_naming_the_controller
     replanner = Replanner(host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
     replanner.start()
     with pytest.raises(RuntimeError, match="different plans.*ProportionalController.*replicable"):
-        replanner.epoch_finished(epoch=0, step=3)
+        _end_epoch(replanner, steps=3)
 
 
 def test_plan_checksums_tell_plans_apart_and_stay_exact_in_a_float_row():
@@ -171,7 +199,7 @@ def test_the_state_round_trip_restores_plan_controller_history_and_counters():
     replanner = Replanner(host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
     replanner.start()
     _timed(host, 8, 2, 0.04)
-    replanner.epoch_finished(epoch=0, step=2)
+    _end_epoch(replanner, steps=2)
     state = replanner.state_dict()
     assert state["batch_sizes"] == [8] and state["world_size"] == 1
     assert state["ranks"][0]["samples_per_s"] == pytest.approx(200.0)

@@ -2,6 +2,7 @@
 
     python -m lightning_hetero.bench                      # HL1, HL2, HL4, HL8; 3 repeats
     python -m lightning_hetero.bench --levels HL4 --repeats 1 --epochs 5 --plot hl4.png
+    python -m lightning_hetero.bench --levels HL4 --cluster loader  # loading + fixed costs
     python -m lightning_hetero.bench --simulate           # controllers on the simulator
     python -m lightning_hetero.bench --modes              # time-to-accuracy of the modes
     python -m lightning_hetero.bench --dual               # uniform large vs dual vs hybrid
@@ -20,6 +21,7 @@ minimum, median and maximum over repeats.
 import argparse
 import importlib.util
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -46,11 +48,14 @@ from lightning_hetero.bench.simulate import (  # noqa: E402
 from lightning_hetero.planning import (  # noqa: E402
     HETEROGENEITY_LEVELS,
     BatchLimits,
+    ClusterSimulator,
+    SimulatedWorker,
     SimulationResult,
     StepTimeCurve,
     allowed_speedup,
     ideal_speedup,
     optimal_step_time,
+    solve_plan,
 )
 from lightning_hetero.planning.scenarios import SCENARIOS  # noqa: E402
 from lightning_hetero.plots import INSTALL as PLOT_INSTALL  # noqa: E402
@@ -68,10 +73,67 @@ COLUMNS = {
     " compute step (the controller's share of the gap)",
     "balance": "balance efficiency E at the last boundary",
     "adjustments_to_095": "adjustments until E >= 0.95",
+    "plan_error": "the last plan's largest relative distance from the optimal plan of the"
+    " measured per-rank step-time curves (not with --cluster floor, which has many)",
+    "optimal_s": "the emulated costs' optimal step (loading, fixed costs, floors; real compute"
+    " left out) / the uniform plan's: 1 / the speedup the emulation allows",
+    "reverts": "plan changes undone because steps got slower",
     "overhead": "time spent at boundaries (all-gather + controller + apply) / training time",
     "overhead_local": "the same without the all-gather (whose wait for the last rank to"
     " arrive would be spent in the next all-reduce anyway)",
 }
+
+
+#: Each rank's batch under uniform DDP (RunConfig's default).
+_BATCH_SIZE = 32
+
+#: Emulated clusters of the level benchmark: what a rank's step costs besides real compute.
+CLUSTERS = {
+    "devices": "rank k's device is slower: --base-cost / cores_k seconds per sample",
+    "loader": "devices, plus loading on the training thread (num_workers=0) of --base-cost /"
+    " max(cores) s per sample on every rank, a fixed 10%% of the slowest rank's uniform"
+    " device time per step, 3%% noise",
+    "floor": "loader, plus a floor on every rank but the fastest: its device part never"
+    " takes less than at the uniform plan",
+}
+
+
+def cluster_costs(cluster: str, cores: tuple[int, ...], base_cost: float, batch_size: int) -> dict:
+    """The :class:`~lightning_hetero.bench.run.RunConfig` cost fields of ``cluster`` (see
+    :data:`CLUSTERS`) for ranks with ``cores`` and a uniform ``batch_size`` per rank."""
+    device = [base_cost / c for c in cores]
+    costs: dict[str, Any] = {"sample_cost": device}
+    if cluster == "devices":
+        return costs
+    costs["load_cost"] = base_cost / max(cores)
+    costs["step_cost"] = 0.1 * max(device) * batch_size
+    costs["noise"] = 0.03
+    if cluster == "floor":
+        fastest = cores.index(max(cores))
+        costs["floor"] = [0.0 if k == fastest else d * batch_size for k, d in enumerate(device)]
+    return costs
+
+
+def emulated_workers(costs: dict[str, Any]) -> list[SimulatedWorker]:
+    """The emulated step-time curves of a cluster's cost fields (real compute left out)."""
+    device = costs["sample_cost"]
+    floors = costs.get("floor", [0.0] * len(device))
+    return [
+        SimulatedWorker(
+            d, costs.get("step_cost", 0.0), floor_s=f, load_s=costs.get("load_cost", 0.0)
+        )
+        for d, f in zip(device, floors)
+    ]
+
+
+def _emulated_optimum(costs: dict[str, Any] | None) -> float:
+    """The emulated curves' optimal step time over the uniform plan's (``nan`` without
+    the cluster's costs)."""
+    if not costs:
+        return math.nan
+    sim = ClusterSimulator(emulated_workers(costs))
+    limits = BatchLimits.build(len(sim.workers), _BATCH_SIZE * len(sim.workers))
+    return sim.optimal_step_s(limits, 0) / max(sim.true_step_s([_BATCH_SIZE] * len(sim.workers), 0))
 
 
 def _steady(epoch_s: list[float], skip: int) -> float:
@@ -86,8 +148,12 @@ def measure(
     workdir: Path,
     hetero_options: dict[str, Any] | None = None,
     sharded: bool = False,
+    cluster: str = "devices",
 ) -> dict[str, Any]:
     """Run every level ``repeats`` times with both strategies; returns the raw run summaries.
+
+    ``cluster``: what the emulated ranks' steps cost (:data:`CLUSTERS`); each pair keeps its
+    cost fields under ``"costs"``.
 
     ``sharded``: FSDP2 (``ModelParallelStrategy`` against ``HeteroFSDPStrategy``) instead of
     DDP.
@@ -100,12 +166,21 @@ def measure(
     with tqdm(total=total, desc="benchmark runs", unit="run") as progress:
         for level in levels:
             cores = HETEROGENEITY_LEVELS[level]
-            cost = [base_cost / c for c in cores]
-            common = {"workers": 4, "sample_cost": cost, "epochs": epochs, "validate": False}
+            costs = cluster_costs(cluster, cores, base_cost, _BATCH_SIZE)
+            common = {"workers": 4, "epochs": epochs, "validate": False, **costs}
             raw[level] = [
-                run_pair(
-                    common, repeat, workdir, hetero_options, progress, f"{level} ", sharded=sharded
-                )
+                {
+                    **run_pair(
+                        common,
+                        repeat,
+                        workdir,
+                        hetero_options,
+                        progress,
+                        f"{level} ",
+                        sharded=sharded,
+                    ),
+                    "costs": costs,
+                }
                 for repeat in range(repeats)
             ]
     return raw
@@ -138,6 +213,10 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
     allowed = allowed_speedup(observations, limits)
     optimal_s = optimal_step_time([StepTimeCurve.fit(points) for points in observations], limits)
     to_095 = SimulationResult(history).adjustments_to_balance(0.95)
+    plan_error = math.nan
+    if "floor" not in pair.get("costs", {}):  # a floor leaves many optimal plans
+        best = solve_plan([StepTimeCurve.fit(points) for points in observations], limits)
+        plan_error = max(abs(b - o) / o for b, o in zip(history[-1]["next_batch_sizes"], best))
     boundaries_s = sum(e["boundary_s"] for e in history)
     # the same without the all-gather, whose wait for the last rank would be spent anyway
     local_s = sum(e["boundary_s"] - e.get("gather_s", 0.0) for e in history)
@@ -151,6 +230,9 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
         "plan_fraction": optimal_s / max(history[-1]["compute_times"]),
         "balance": history[-1]["balance"],
         "adjustments_to_095": float("nan") if to_095 is None else float(to_095),
+        "plan_error": plan_error,
+        "optimal_s": _emulated_optimum(pair.get("costs")),
+        "reverts": float(sum(bool(e.get("reverted")) for e in history)),
         # all boundaries' cost (gathering, controller, broadcast) over the training time
         "overhead": boundaries_s / sum(hetero["epoch_s"]),
         "overhead_local": local_s / sum(hetero["epoch_s"]),
@@ -239,6 +321,13 @@ def main(argv: list[str] | None = None) -> None:
         default="proportional",
         metavar="SPEC",
         help="the hetero runs' controller, name[:option=value,...]",
+    )
+    parser.add_argument(
+        "--cluster",
+        choices=list(CLUSTERS),
+        default="devices",
+        help="what the emulated ranks' steps cost: "
+        + "; ".join(f"{name}: {text}" for name, text in CLUSTERS.items()),
     )
     parser.add_argument("--json", type=Path, help="also write the raw runs here")
     parser.add_argument(
@@ -371,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
             Path(tmp),
             hetero,
             sharded=args.sharded,
+            cluster=args.cluster,
         )
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))

@@ -50,6 +50,13 @@ class RunConfig:
     workers: int = 4
     sample_cost: list[float] | dict[str, list[float]] | None = None
     throttle_unit: str = "epoch"  # what the keys of a sample_cost mapping count: epoch or step
+    # Throttle's other costs (a number for every rank or one per rank): seconds per sample of
+    # loading on the training thread, seconds per step, the least compute delay per step;
+    # noise: relative standard deviation of every delay (seeded with `seed`)
+    load_cost: float | list[float] = 0.0
+    step_cost: float | list[float] = 0.0
+    floor: float | list[float] = 0.0
+    noise: float = 0.0
     epochs: int = 4
     batch_size: int = 32  # per rank under uniform DDP; B = batch_size * workers
     controller: str = "proportional"
@@ -57,7 +64,7 @@ class RunConfig:
     batch_sizes: str | list[int] = "uniform"
     adjust_every: str | int = "epoch"
     weighted: bool = True
-    deadband: float = 0.05
+    deadband: float | str = "auto"
     model: str = "cnn"  # "cnn" (BatchNorm + torchmetrics) or "boring" (Lightning's BoringModel)
     resolution: int = 8  # digits upsampled to resolution x resolution
     dropout: float = 0.0
@@ -177,6 +184,12 @@ class StepTimes(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._handles = mark_grads_ready(pl_module, self.timer.grads_ready)
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.timer.break_cycle()
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.timer.break_cycle()
+
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -193,8 +206,8 @@ class StepTimes(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         records = self.timer.collect()
         n = max(1, len(records))
-        compute_s = sum(c for _, c, _ in records) / n if records else math.nan
-        self._epochs.append((compute_s, sum(w for _, _, w in records) / n))
+        compute_s = sum(r.compute_s for r in records) / n if records else math.nan
+        self._epochs.append((compute_s, sum(r.wait_s for r in records) / n))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for handle in self._handles:
@@ -303,11 +316,27 @@ def run(config: RunConfig) -> dict[str, Any]:
         callbacks.append(step_times)
     if config.val_every_epoch:
         callbacks.append(curve)
-    if config.sample_cost is not None:
-        cost = config.sample_cost
-        if isinstance(cost, dict):
+    per_rank = (config.load_cost, config.step_cost, config.floor)
+    if (
+        config.sample_cost is not None
+        or config.noise != 0
+        or any(isinstance(value, list) or value != 0 for value in per_rank)
+    ):
+        cost: Any = config.sample_cost
+        if cost is None:  # only the other costs: no per-sample device time
+            cost = [0.0] * config.workers
+        elif isinstance(cost, dict):
             cost = {int(epoch): costs for epoch, costs in cost.items()}
-        callbacks.append(Throttle(cost, unit=config.throttle_unit))  # type: ignore[arg-type]
+        throttle = Throttle(
+            cost,
+            unit=config.throttle_unit,  # type: ignore[arg-type]
+            load_cost=config.load_cost,
+            step_cost=config.step_cost,
+            floor=config.floor,
+            noise=config.noise,
+            seed=config.seed,
+        )
+        callbacks.append(throttle)
     if config.progressive is not None:
         from lightning_hetero.progressive import ProgressiveSchedule, Stage, SubStage
 

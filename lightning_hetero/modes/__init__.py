@@ -12,6 +12,7 @@ from lightning_hetero.modes.dual import DualBatchMode
 from lightning_hetero.modes.local import LocalSGDMode
 from lightning_hetero.modes.sharded import ShardedMode
 from lightning_hetero.planning import Controller, make_controller
+from lightning_hetero.planning.base import Deadband
 from lightning_hetero.planning.dual import DualBatchController
 
 __all__ = [
@@ -45,7 +46,7 @@ VARIANTS: dict[tuple[str, type[Controller]], type[Mode]] = {
 def build_mode(
     name: str,
     controller: str | Controller | None,
-    deadband: float,
+    deadband: Deadband,
     options: ModeOptions,
     modes: dict[str, type[Mode]] | None = None,
     variants: dict[tuple[str, type[Controller]], type[Mode]] | None = None,

@@ -217,14 +217,13 @@ class Mode:
     def on_train_batch_start(self, batch_idx: int) -> None:
         """Close the previous step's timing; set :attr:`share`; time the step if planned."""
         timer = self._host().timer
-        timer.finish()  # the previous step is over, whether this one is timed or not
         layout = self.step_layout(batch_idx)
-        if layout is None:
-            return
-        local, total, planned = layout
-        self.share = (local, total)
-        if planned:
-            timer.start(local)
+        if layout is not None:
+            self.share = layout[:2]
+        if layout is not None and layout[2]:
+            timer.start(layout[0])
+        else:  # an untimed step: the next one's cycle must not hold it
+            timer.break_cycle()
 
     def backward(
         self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]

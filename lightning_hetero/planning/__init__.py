@@ -12,6 +12,7 @@ from lightning_hetero.planning.dual import (
     TimeModel,
     plan_dual_batch,
 )
+from lightning_hetero.planning.guard import StepTimeGuard, damped_plan
 from lightning_hetero.planning.lbbsp import LBBSPController
 from lightning_hetero.planning.memory import MemoryModel, probe_sizes
 from lightning_hetero.planning.merge import (
@@ -79,6 +80,7 @@ __all__ = [
     "SpeedPredictor",
     "StaticController",
     "StepTimeCurve",
+    "StepTimeGuard",
     "StepwiseController",
     "TimeModel",
     "TimingSmoother",
@@ -87,6 +89,7 @@ __all__ = [
     "balance_efficiency",
     "check_merge_options",
     "check_plan",
+    "damped_plan",
     "ideal_speedup",
     "make_controller",
     "merge_weights",

@@ -3,13 +3,30 @@
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from math import nan
+from math import isfinite, nan
 from operator import le
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from lightning_hetero.planning.split import PlanError, expand_bound, finite_and_positive
 
-__all__ = ["BatchLimits", "Controller", "RankStats", "check_inputs"]
+__all__ = [
+    "AUTO_DEADBAND_FALLBACK",
+    "AUTO_DEADBAND_FLOOR",
+    "BatchLimits",
+    "Controller",
+    "Deadband",
+    "RankStats",
+    "check_deadband",
+    "check_inputs",
+    "noise_deadband",
+]
+
+#: A dead-band: a relative gain in ``[0, 1)``, or ``"auto"`` (see :func:`noise_deadband`).
+Deadband = float | Literal["auto"]
+#: The smallest dead-band ``"auto"`` picks: below it timer resolution and drift decide.
+AUTO_DEADBAND_FLOOR = 0.01
+#: The dead-band ``"auto"`` falls back to when no rank reports its timing noise.
+AUTO_DEADBAND_FALLBACK = 0.05
 
 
 @dataclass(frozen=True)
@@ -80,12 +97,54 @@ class RankStats:
         memory_available: fraction of the host's memory that is available, in ``[0, 1]``.
         updates: model updates the rank made since the last boundary, where ranks can
             differ in that (asynchronous and local-SGD modes); ``None`` in lock-step modes.
+        compute_se: standard error of the rank's smoothed compute time, seconds (its timing
+            noise; see :attr:`~lightning_hetero.planning.TimingSmoother.compute_se`).
     """
 
     memory_used: float = nan
     cpu_available: float = nan
     memory_available: float = nan
     updates: int | None = None
+    compute_se: float = nan
+
+
+def check_deadband(deadband: Deadband) -> None:
+    """Refuse a dead-band that is neither ``"auto"`` nor a number in ``[0, 1)``."""
+    if deadband == "auto":
+        return
+    if isinstance(deadband, bool) or not isinstance(deadband, int | float):
+        raise ValueError(f"`deadband` must be 'auto' or a number in [0, 1), got {deadband!r}.")
+    if not 0.0 <= deadband < 1.0:
+        raise ValueError(f"`deadband` must be 'auto' or in [0, 1), got {deadband}.")
+
+
+def noise_deadband(
+    deadband: Deadband, compute_s: Sequence[float], stats: Sequence[RankStats]
+) -> float:
+    """The dead-band in force: ``deadband`` itself, or for ``"auto"`` the measured noise.
+
+    ``"auto"`` is twice the largest relative standard error of the ranks' smoothed compute
+    times (a predicted gain smaller than that could be noise), at least
+    :data:`AUTO_DEADBAND_FLOOR`; with no rank reporting its noise,
+    :data:`AUTO_DEADBAND_FALLBACK`. Calm clusters so settle within a percent or two of
+    balance, noisy ones move only for gains the noise cannot explain.
+
+    Example:
+        >>> noise_deadband("auto", [1.0, 2.0], [RankStats(compute_se=0.004)] * 2)
+        0.01
+        >>> noise_deadband("auto", [1.0, 2.0], [RankStats(compute_se=0.02)] * 2)
+        0.04
+        >>> noise_deadband(0.05, [1.0, 2.0], [RankStats(compute_se=0.02)] * 2)
+        0.05
+    """
+    if deadband != "auto":
+        return float(deadband)
+    relative = [
+        s.compute_se / t for s, t in zip(stats, compute_s) if isfinite(s.compute_se) and t > 0
+    ]
+    if not relative:
+        return AUTO_DEADBAND_FALLBACK
+    return min(0.5, max(AUTO_DEADBAND_FLOOR, 2.0 * max(relative)))
 
 
 def check_inputs(
@@ -129,6 +188,9 @@ class Controller(ABC):
     #: decides for itself and a boundary needs one collective; otherwise rank 0 decides and
     #: broadcasts. Leave it ``False`` unless that holds.
     replicable: bool = False
+    #: Takes ``deadband="auto"`` (the dead-band follows the ranks' measured timing noise,
+    #: :func:`noise_deadband`).
+    auto_deadband: ClassVar[bool] = False
 
     @abstractmethod
     def update(

@@ -18,7 +18,15 @@ from math import floor, inf, isfinite, nan
 from operator import mul, truediv
 from typing import Any
 
-from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
+from lightning_hetero.planning.base import (
+    BatchLimits,
+    Controller,
+    Deadband,
+    RankStats,
+    check_deadband,
+    check_inputs,
+    noise_deadband,
+)
 from lightning_hetero.planning.proportional import LearnedMaximum
 from lightning_hetero.planning.split import proportional_split
 
@@ -659,10 +667,12 @@ class ModelController(LearnedMaximum, Controller):
     **Memory.** A batch that outgrows memory makes steps much slower; the points show it as
     a curve that bends up, and the fit follows the bend. The learned-maximum rule of
     :class:`~lightning_hetero.planning.ProportionalController` (a rank whose throughput fell
-    by more than ``throughput_drop`` when its batch grew by more than the dead-band is
-    capped at its previous size) is available with ``learn_max_batch_size=True``; it is off
-    by default, since a speed change while a batch grows fires it too, and the cap then
-    holds the rank below its best size.
+    by more than ``throughput_drop`` when its batch grew by more than the dead-band, and
+    again at a later boundary above that size, is capped at its previous size for
+    ``relearn_after`` boundaries, with a warning) is available with
+    ``learn_max_batch_size=True``; it is off by default, since a speed change while a batch
+    grows fires it too, and the cap then holds the rank below its best size until it is
+    re-tested.
 
     Args:
         deadband: relative predicted gain below which the plan is kept, in ``[0, 1)``.
@@ -673,6 +683,8 @@ class ModelController(LearnedMaximum, Controller):
             keep it above the smoothed timing noise.
         change_threshold: relative difference that counts as a speed change, ``> 0``; keep
             it well above the smoothed timing noise.
+        relearn_after: with ``learn_max_batch_size``, boundaries a learned maximum holds
+            before it is lifted and re-tested, an integer ``>= 1``.
 
     Attributes:
         intercepts: each rank's fitted fixed cost ``c_k`` at the last update, seconds.
@@ -698,18 +710,19 @@ class ModelController(LearnedMaximum, Controller):
 
     name = "model"
     replicable = True
+    auto_deadband = True
 
     def __init__(
         self,
-        deadband: float = 0.05,
+        deadband: Deadband = 0.05,
         throughput_drop: float = 0.1,
         learn_max_batch_size: bool = False,
         history: int = 4,
         tolerance: float = 0.05,
         change_threshold: float = 0.1,
+        relearn_after: int = 10,
     ) -> None:
-        if not 0.0 <= deadband < 1.0:
-            raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
+        check_deadband(deadband)
         if not 0.0 <= throughput_drop < 1.0:
             raise ValueError(f"`throughput_drop` must be in [0, 1), got {throughput_drop}.")
         if isinstance(history, bool) or not isinstance(history, int) or history < 2:
@@ -724,7 +737,7 @@ class ModelController(LearnedMaximum, Controller):
         self.history = history
         self.tolerance = tolerance
         self.change_threshold = change_threshold
-        self._init_learned()
+        self._init_learned(relearn_after)
         self.intercepts: list[float] = []
         self.slopes: list[float] = []
         self.predicted_step_s = nan
@@ -763,7 +776,7 @@ class ModelController(LearnedMaximum, Controller):
         limits: BatchLimits,
         stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
-        current, compute_s, _ = check_inputs(batch_sizes, compute_s, limits, stats)
+        current, compute_s, readings = check_inputs(batch_sizes, compute_s, limits, stats)
         upper = limits.max_batch_size
         if self.learn_max_batch_size:
             upper = self._upper_bounds(current, list(map(truediv, current, compute_s)), limits)
@@ -775,7 +788,8 @@ class ModelController(LearnedMaximum, Controller):
         )
         measured_s = max(compute_s)
         out_of_bounds = not _within(current, lower, upper)
-        if out_of_bounds or predicted_s < (1.0 - self.deadband) * measured_s:
+        band = noise_deadband(self.deadband, compute_s, readings)
+        if out_of_bounds or predicted_s < (1.0 - band) * measured_s:
             self.predicted_step_s = predicted_s
             return plan
         self.predicted_step_s = measured_s

@@ -7,7 +7,16 @@ from operator import gt, le, mul, sub, truediv
 from statistics import fmean
 from typing import Any
 
-from lightning_hetero.planning.base import BatchLimits, Controller, RankStats, check_inputs
+from lightning_hetero.planning.base import (
+    AUTO_DEADBAND_FALLBACK,
+    BatchLimits,
+    Controller,
+    Deadband,
+    RankStats,
+    check_deadband,
+    check_inputs,
+    noise_deadband,
+)
 from lightning_hetero.planning.split import (
     _clip,
     _fill_level,
@@ -21,22 +30,53 @@ __all__ = ["ProportionalController"]
 _RENORMALIZATIONS = ("project", "omnilearn")
 
 
+def _growth_band(deadband: Deadband) -> float:
+    """How much a batch must grow before the learned-maximum rule reads its throughput:
+    the dead-band, or for ``"auto"`` (noise decides the plan's moves) a fixed 5%."""
+    return AUTO_DEADBAND_FALLBACK if deadband == "auto" else deadband
+
+
 class LearnedMaximum:
     """The learned-maximum rule, shared by controllers that grow a rank's batch.
 
     If growing rank ``k``'s batch by more than ``deadband`` lowered its throughput by more
-    than ``throughput_drop`` (both relative), its maximum becomes the previous size (paper
-    000, "batch size bounds"), e.g. when memory runs short. Learned maxima that leave no
-    room for the global batch are forgotten with a warning. The subclass sets
-    ``deadband``, ``throughput_drop`` and ``learn_max_batch_size``.
+    than ``throughput_drop`` (both relative), its previous size becomes a *candidate*
+    maximum (paper 000, "batch size bounds"), e.g. when memory runs short. One such
+    observation may be contention or noise, so the candidate binds only when a later
+    boundary confirms it: the rank runs above the candidate size again and its throughput
+    is still below ``1 - throughput_drop`` times the one it had at that size. If it runs
+    above the size at that throughput instead, the candidate is dropped. The plan moves
+    freely meanwhile; while the rank stays at or below the size, the candidate waits (for
+    at most ``relearn_after`` boundaries). A maximum that binds is announced with a warning
+    naming the rank and the size, and holds for ``relearn_after`` boundaries; then it is
+    lifted, the rank may grow again, and binding again takes a new confirmation. Learned
+    maxima that leave no room for the global batch are forgotten with a warning. The
+    subclass sets ``deadband``, ``throughput_drop`` and ``learn_max_batch_size``, and calls
+    :meth:`_init_learned`.
+
+    Attributes:
+        learned_max: per rank, the maximum that binds, or ``None``.
+        learned_expires_in: per rank, the boundaries (this one included) for which the
+            rank's learned maximum still holds, or ``None``.
+        max_candidates: per rank, the candidate maximum waiting for confirmation, or
+            ``None``: ``size``, ``throughput`` (samples/s at ``size``), ``grown_to`` and
+            ``dropped_to`` (the size and throughput that made it) and ``waited``
+            (boundaries it has waited).
     """
 
-    deadband: float
+    deadband: Deadband
     throughput_drop: float
     learn_max_batch_size: bool
 
-    def _init_learned(self) -> None:
+    def _init_learned(self, relearn_after: int = 10) -> None:
+        if isinstance(relearn_after, bool) or not isinstance(relearn_after, int):
+            raise ValueError(f"`relearn_after` must be an integer >= 1, got {relearn_after!r}.")
+        if relearn_after < 1:
+            raise ValueError(f"`relearn_after` must be an integer >= 1, got {relearn_after!r}.")
+        self.relearn_after = relearn_after
         self.learned_max: list[int | None] = []
+        self.learned_expires_in: list[int | None] = []
+        self.max_candidates: list[dict[str, Any] | None] = []
         self.last_batch_sizes: list[int] = []
         self.last_throughput: list[float] = []
 
@@ -47,13 +87,31 @@ class LearnedMaximum:
         world_size = len(current)
         if len(self.learned_max) != world_size:
             self.learned_max = [None] * world_size
+        if len(self.learned_expires_in) != world_size:
+            self.learned_expires_in = [None] * world_size
+        if len(self.max_candidates) != world_size:
+            self.max_candidates = [None] * world_size
+        self._expire_learned()
         last = self.last_batch_sizes
-        if self.learn_max_batch_size and len(last) == world_size and current != last:
-            grow, keep = 1.0 + self.deadband, 1.0 - self.throughput_drop
-            grew = [k for k, b, old in zip(range(world_size), current, last) if b > grow * old]
-            for k in grew:
-                if throughput[k] < keep * self.last_throughput[k]:  # and dropped
-                    self.learned_max[k] = last[k]
+        if self.learn_max_batch_size and len(last) == world_size:
+            resolved = self._confirm_candidates(current, throughput)
+            if current != last:
+                grow, keep = 1.0 + _growth_band(self.deadband), 1.0 - self.throughput_drop
+                candidates, last_throughput = self.max_candidates, self.last_throughput
+                for k, (b, old) in enumerate(zip(current, last)):
+                    if (
+                        b > grow * old  # grew
+                        and throughput[k] < keep * last_throughput[k]  # and dropped
+                        and candidates[k] is None
+                        and k not in resolved
+                    ):
+                        candidates[k] = {
+                            "size": old,
+                            "throughput": last_throughput[k],
+                            "grown_to": b,
+                            "dropped_to": throughput[k],
+                            "waited": 0,
+                        }
         self.last_batch_sizes, self.last_throughput = current, throughput
         if self.learned_max.count(None) == world_size:
             return list(limits.max_batch_size)
@@ -68,18 +126,72 @@ class LearnedMaximum:
                 stacklevel=3,
             )
             self.learned_max = [None] * world_size
+            self.learned_expires_in = [None] * world_size
             upper = list(limits.max_batch_size)
         return upper
+
+    def _expire_learned(self) -> None:
+        """Count this boundary against every learned maximum; lift those whose time is up."""
+        for k, (cap, left) in enumerate(zip(self.learned_max, self.learned_expires_in)):
+            if cap is None:
+                self.learned_expires_in[k] = None
+            elif left is None or left > 1:
+                self.learned_expires_in[k] = self.relearn_after if left is None else left - 1
+            else:
+                self.learned_max[k] = self.learned_expires_in[k] = None
+
+    def _confirm_candidates(self, current: list[int], throughput: list[float]) -> set[int]:
+        """Bind or drop the candidates this boundary decides; return their ranks."""
+        resolved = set()
+        keep = 1.0 - self.throughput_drop
+        for k, candidate in enumerate(self.max_candidates):
+            if candidate is None:
+                continue
+            size = candidate["size"]
+            if current[k] <= size:  # no news about sizes above it: wait
+                candidate["waited"] += 1
+                if candidate["waited"] >= self.relearn_after:
+                    self.max_candidates[k] = None
+                    resolved.add(k)
+                continue
+            self.max_candidates[k] = None
+            resolved.add(k)
+            if throughput[k] < keep * candidate["throughput"]:  # still slow: confirmed
+                self.learned_max[k] = size
+                self.learned_expires_in[k] = self.relearn_after
+                warnings.warn(
+                    f"Rank {k}'s batch size is capped at {size}: its throughput fell from"
+                    f" {candidate['throughput']:.1f} samples/s at {size} to"
+                    f" {candidate['dropped_to']:.1f} at {candidate['grown_to']} and"
+                    f" {throughput[k]:.1f} at {current[k]} (two boundaries). The cap is"
+                    f" lifted and re-tested after {self.relearn_after} boundaries"
+                    " (`relearn_after`).",
+                    stacklevel=4,
+                )
+        return resolved
 
     def _learned_state(self) -> dict[str, Any]:
         return {
             "learned_max": list(self.learned_max),
+            "learned_expires_in": list(self.learned_expires_in),
+            "max_candidates": [None if c is None else dict(c) for c in self.max_candidates],
             "last_batch_sizes": list(self.last_batch_sizes),
             "last_throughput": list(self.last_throughput),
         }
 
     def _load_learned_state(self, state: dict[str, Any]) -> None:
+        # States saved before candidates and expiry existed have neither: their maxima get
+        # a full ``relearn_after`` from now, and nothing is pending.
         self.learned_max = list(state.get("learned_max", []))
+        world_size = len(self.learned_max)
+        expires = state.get("learned_expires_in")
+        if expires is None or len(expires) != world_size:
+            expires = [None if cap is None else self.relearn_after for cap in self.learned_max]
+        self.learned_expires_in = list(expires)
+        candidates = state.get("max_candidates")
+        if candidates is None or len(candidates) != world_size:
+            candidates = [None] * world_size
+        self.max_candidates = [None if c is None else dict(c) for c in candidates]
         self.last_batch_sizes = list(state.get("last_batch_sizes", []))
         self.last_throughput = list(state.get("last_throughput", []))
 
@@ -105,10 +217,16 @@ class ProportionalController(LearnedMaximum, Controller):
     * **smoothing**: timings arrive already averaged since the last change
       (:class:`~lightning_hetero.planning.TimingSmoother`);
     * **learned maximums**: if growing a rank's batch by more than the dead-band lowered
-      its throughput by more than ``throughput_drop`` (relative), its maximum becomes the
-      previous size (paper 000, "batch size bounds"), e.g. when memory runs short. Both
-      thresholds keep noise from triggering it: a rank grows *because* its last timing
-      looked fast, so a small drop afterwards is expected even on a linear worker.
+      its throughput by more than ``throughput_drop`` (relative), its previous size is a
+      candidate maximum (paper 000, "batch size bounds"), e.g. when memory runs short.
+      Both thresholds keep noise from triggering it: a rank grows *because* its last
+      timing looked fast, so a small drop afterwards is expected even on a linear worker.
+      A candidate binds only if a later boundary confirms it (the rank runs above that
+      size again, still slower than ``1 - throughput_drop`` times its throughput there),
+      with a warning naming the rank and the size; one slow boundary (contention, noise)
+      binds nothing. A maximum holds for ``relearn_after`` boundaries, then the rank may
+      grow again and the maximum must be confirmed anew
+      (``LearnedMaximum``).
 
     **Renormalisation.** ``renormalization="project"`` (the default) is the exact
     bounded proportional split above. ``"omnilearn"`` reproduces paper 002 step by
@@ -129,6 +247,9 @@ class ProportionalController(LearnedMaximum, Controller):
         learn_max_batch_size: apply the learned-maximum rule.
         renormalization: how targets are brought back to the global batch: ``"project"``
             (proportional split within the bounds) or ``"omnilearn"`` (paper 002, Eq. 8).
+        relearn_after: boundaries a learned maximum holds before it is lifted and
+            re-tested (and the most a candidate waits for confirmation), an integer
+            ``>= 1``.
 
     Example:
         >>> from lightning_hetero.planning import BatchLimits
@@ -142,27 +263,28 @@ class ProportionalController(LearnedMaximum, Controller):
 
     name = "proportional"
     replicable = True
+    auto_deadband = True
 
     def __init__(
         self,
-        deadband: float = 0.05,
+        deadband: Deadband = 0.05,
         throughput_drop: float = 0.1,
         learn_max_batch_size: bool = True,
         renormalization: str = "project",
+        relearn_after: int = 10,
     ) -> None:
         if renormalization not in _RENORMALIZATIONS:
             raise ValueError(
                 f"`renormalization` must be one of {_RENORMALIZATIONS}, got {renormalization!r}."
             )
-        if not 0.0 <= deadband < 1.0:
-            raise ValueError(f"`deadband` must be in [0, 1), got {deadband}.")
+        check_deadband(deadband)
         if not 0.0 <= throughput_drop < 1.0:
             raise ValueError(f"`throughput_drop` must be in [0, 1), got {throughput_drop}.")
         self.deadband = deadband
         self.throughput_drop = throughput_drop
         self.learn_max_batch_size = learn_max_batch_size
         self.renormalization = renormalization
-        self._init_learned()
+        self._init_learned(relearn_after)
 
     def update(
         self,
@@ -171,7 +293,7 @@ class ProportionalController(LearnedMaximum, Controller):
         limits: BatchLimits,
         stats: Sequence[RankStats] | None = None,
     ) -> list[int]:
-        current, compute_s, _ = check_inputs(batch_sizes, compute_s, limits, stats)
+        current, compute_s, readings = check_inputs(batch_sizes, compute_s, limits, stats)
         throughput = list(map(truediv, current, compute_s))
         upper = self._upper_bounds(current, throughput, limits)
 
@@ -186,11 +308,10 @@ class ProportionalController(LearnedMaximum, Controller):
         out_of_bounds = not (
             all(map(le, limits.min_batch_size, current)) and all(map(le, current, upper))
         )
-        # some rank moves by more than the dead-band: |new - old| > deadband * old
-        moves = map(
-            gt, map(abs, map(sub, target, current)), map(mul, repeat(self.deadband), current)
-        )
-        significant = balance_efficiency(current, compute_s) < 1.0 - self.deadband and any(moves)
+        band = noise_deadband(self.deadband, compute_s, readings)
+        # some rank moves by more than the dead-band: |new - old| > band * old
+        moves = map(gt, map(abs, map(sub, target, current)), map(mul, repeat(band), current))
+        significant = balance_efficiency(current, compute_s) < 1.0 - band and any(moves)
         return target if significant or out_of_bounds else current
 
     def state_dict(self) -> dict[str, Any]:

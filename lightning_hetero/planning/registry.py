@@ -27,7 +27,9 @@ CONTROLLERS: dict[str, type[Controller]] = {
 
 
 def make_controller(name: str, **options: Any) -> Controller:
-    """Build a controller by name; ``options`` the controller does not take are ignored."""
+    """Build a controller by name; ``options`` the controller does not take are ignored,
+    and so is ``deadband="auto"`` for one without :attr:`~Controller.auto_deadband` (it
+    keeps its own default)."""
     try:
         cls = CONTROLLERS[name]
     except KeyError:
@@ -35,5 +37,7 @@ def make_controller(name: str, **options: Any) -> Controller:
             f"Unknown controller {name!r}; expected one of {sorted(CONTROLLERS)} or a"
             " `lightning_hetero.planning.Controller` instance."
         ) from None
-    accepted = inspect.signature(cls).parameters
+    accepted = dict(inspect.signature(cls).parameters)
+    if options.get("deadband") == "auto" and not cls.auto_deadband:
+        accepted.pop("deadband", None)
     return cls(**{key: value for key, value in options.items() if key in accepted})

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.guard import StepTimeGuard
 from lightning_hetero.planning.simulator import (
     HETEROGENEITY_LEVELS,
     ClusterSimulator,
@@ -192,6 +193,51 @@ def _saturated() -> Scenario:
     )
 
 
+def _loader() -> Scenario:
+    # What a real program costs with DataLoader(num_workers=0): per-sample loading on the
+    # training thread, the same on every worker (a faster device does not load faster),
+    # device work that differs by worker (HL4), and a fixed cost per step. Measured without
+    # the loading, the fast worker looks even faster and gets flooded.
+    speeds = HETEROGENEITY_LEVELS["HL4"]
+    load_s, overhead_s = 0.01, 0.1
+    workers = [SimulatedWorker(0.01 * 24 / s, overhead_s, load_s=load_s) for s in speeds]
+    return Scenario(
+        "loader",
+        f"HL4 devices, {load_s * 1e3:.0f} ms per sample of loading on the training thread on"
+        f" every worker, a fixed {overhead_s:.1f} s per step, 2% noise",
+        lambda seed: ClusterSimulator(workers, noise=0.02, seed=seed),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=30,
+    )
+
+
+def _floor(slow: bool) -> Scenario:
+    # Workers with a per-step floor that no batch below 75 samples moves (a GPU share that
+    # takes as long for 10 samples as for 64). Their timings make them look slow per sample,
+    # so a proportional split keeps emptying them and floods the others, past the floor's
+    # time: without a check of each change against the step time, steps end slower than at
+    # the uniform start. "floor": three floored workers and a fast one (the uniform plan is
+    # already optimal); "floor-slow": two floored, a fast and a slow one (a better split
+    # exists).
+    last = SimulatedWorker(0.04) if slow else SimulatedWorker(0.02, floor_s=1.5)
+    floored = [SimulatedWorker(0.02, floor_s=1.5)] * 2
+    workers = [SimulatedWorker(0.01), *floored, last]
+    name = "floor-slow" if slow else "floor"
+    what = "1 and 2 never faster than 1.5 s per step, 40 ms per sample on 3" if slow else (
+        "1-3 never faster than 1.5 s per step"
+    )
+    return Scenario(
+        name,
+        f"per-sample 10 ms on worker 0, 20 ms on 1-2; {what} (a floor), 2% noise; best step"
+        f" 1.5 s, uniform {max(w.step_s(_B // 4) for w in workers):.2f} s",
+        lambda seed: ClusterSimulator(workers, noise=0.02, seed=seed),
+        _UNIFORM,
+        BatchLimits.build(4, _B),
+        boundaries=30,
+    )
+
+
 def _resources() -> Scenario:
     # Paper 001's shared CPU hosts: co-located jobs take CPU and memory, the readings come
     # in RankStats (lightning_hetero/planning/traces.py). Speeds change often.
@@ -223,6 +269,9 @@ SCENARIOS: dict[str, Scenario] = {
         _fixed("HL8", 0.3),
         _steps_fixed(),
         _saturated(),
+        _loader(),
+        _floor(slow=False),
+        _floor(slow=True),
     ]
 }
 
@@ -263,9 +312,14 @@ class ScenarioReport:
 
 
 def run_scenario(
-    scenario: Scenario | str, controller: Controller, seed: int = 0, threshold: float = 0.95
+    scenario: Scenario | str,
+    controller: Controller,
+    seed: int = 0,
+    threshold: float = 0.95,
+    guard: StepTimeGuard | None = None,
 ) -> ScenarioReport:
-    """Run ``controller`` through ``scenario`` and score it.
+    """Run ``controller`` through ``scenario`` and score it; with ``guard``, every plan
+    change is checked against the step time and reverted if slower, as in ``mode="bsp"``.
 
     Every plan is checked against the scenario's limits (sum and bounds); a violation
     raises :class:`~lightning_hetero.planning.PlanError`.
@@ -286,7 +340,12 @@ def run_scenario(
     sim = scenario.build(seed)
     limits = scenario.limits
     result = sim.run(
-        controller, scenario.batch_sizes, limits, scenario.boundaries, scenario.steps_per_boundary
+        controller,
+        scenario.batch_sizes,
+        limits,
+        scenario.boundaries,
+        scenario.steps_per_boundary,
+        guard=guard,
     )
     for plan in result.plans:
         check_plan(

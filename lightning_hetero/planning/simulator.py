@@ -7,11 +7,13 @@ records what a real run records at each boundary.
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from math import nan
+from dataclasses import dataclass, field, replace
+from math import nan, sqrt
+from statistics import fmean, stdev
 from typing import Any
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
+from lightning_hetero.planning.guard import StepTimeGuard
 from lightning_hetero.planning.smoothing import TimingSmoother
 from lightning_hetero.planning.split import balance_efficiency
 
@@ -31,11 +33,14 @@ HETEROGENEITY_LEVELS: dict[str, tuple[int, int, int, int]] = {
 class SimulatedWorker:
     """Compute time of one worker as a function of its batch size.
 
-    ``t(b) = sample_s * max(b, saturation_batch) + overhead_s``: below
-    ``saturation_batch`` the device is not full and time stays flat (GPU-like);
-    above ``memory_cap`` samples every extra sample costs ``over_cap_slowdown``
-    times more (swapping, allocator thrashing: throughput falls, paper 000 Fig. 5).
-    The reported memory use is ``b / memory_cap`` (1.0 at the cap).
+    ``t(b) = (max(floor_s, sample_s * max(b, saturation_batch)) + overhead_s) / speed
+    + load_s * b``: below ``saturation_batch`` the device is not full and time stays flat
+    (GPU-like); a device part below ``floor_s`` takes ``floor_s`` whatever the batch (a
+    per-step floor); above ``memory_cap`` samples every extra sample costs
+    ``over_cap_slowdown`` times more (swapping, allocator thrashing: throughput falls,
+    paper 000 Fig. 5); ``load_s`` per sample is data loading on the training thread
+    (``num_workers=0``), which a faster device does not speed up. The reported memory use
+    is ``b / memory_cap`` (1.0 at the cap).
     """
 
     sample_s: float
@@ -43,19 +48,24 @@ class SimulatedWorker:
     saturation_batch: int = 0
     memory_cap: int | None = None
     over_cap_slowdown: float = 4.0
+    floor_s: float = 0.0
+    load_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.sample_s <= 0 or self.overhead_s < 0:
             raise ValueError("`sample_s` must be > 0 and `overhead_s` >= 0.")
         if self.over_cap_slowdown < 1:
             raise ValueError("`over_cap_slowdown` must be >= 1.")
+        if self.floor_s < 0 or self.load_s < 0:
+            raise ValueError("`floor_s` and `load_s` must be >= 0.")
 
     def step_s(self, batch_size: int, speed: float = 1.0) -> float:
         """Noise-free compute time of one step, for a worker running at ``speed`` x."""
         effective = max(batch_size, self.saturation_batch)
         if self.memory_cap is not None and batch_size > self.memory_cap:
             effective += (batch_size - self.memory_cap) * (self.over_cap_slowdown - 1.0)
-        return (self.sample_s * effective + self.overhead_s) / speed
+        device_s = max(self.floor_s, self.sample_s * effective)
+        return (device_s + self.overhead_s) / speed + self.load_s * batch_size
 
     def memory_used(self, batch_size: int) -> float:
         """Fraction of the memory budget in use at ``batch_size``; ``nan`` without a cap."""
@@ -218,6 +228,27 @@ class ClusterSimulator:
                 low = mid + 1
         return candidates[low]
 
+    def optimal_plan(self, limits: BatchLimits, boundary: int) -> list[int]:
+        """A plan that reaches :meth:`optimal_step_s`: each worker's largest batch within
+        the optimal time, then, while the plan exceeds the global batch, one sample less on
+        the worker that finishes last (ties: the higher rank)."""
+        best_s = self.optimal_step_s(limits, boundary)
+        speeds = self.speeds_at(boundary)
+        plan = []
+        for k, worker in enumerate(self.workers):
+            size = limits.min_batch_size[k]
+            while size < limits.max_batch_size[k] and worker.step_s(size + 1, speeds[k]) <= best_s:
+                size += 1
+            plan.append(size)
+        while sum(plan) > limits.global_batch_size:
+            times = [
+                w.step_s(b, s) if b > lo else -1.0
+                for w, b, s, lo in zip(self.workers, plan, speeds, limits.min_batch_size)
+            ]
+            last = max(range(len(plan)), key=lambda k: (times[k], k))
+            plan[last] -= 1
+        return plan
+
     def step_s(self, batch_sizes: Sequence[int], boundary: int) -> list[float]:
         """Compute times of one step, with noise."""
         return [
@@ -233,20 +264,37 @@ class ClusterSimulator:
         boundaries: int,
         steps_per_boundary: int = 20,
         smoothing: float = 0.8,
+        guard: StepTimeGuard | None = None,
     ) -> SimulationResult:
-        """Run ``boundaries`` intervals; after each, the controller picks the next plan."""
+        """Run ``boundaries`` intervals; after each, the controller picks the next plan.
+
+        ``guard``: check each change against the measured step time (the slowest worker's
+        time, every step) and revert one that made steps slower, as the re-planner does.
+        """
         if len(batch_sizes) != len(self.workers):
             raise ValueError("One initial batch size per worker is needed.")
         plan = list(batch_sizes)
         result = SimulationResult()
         smoothers = [TimingSmoother(smoothing) for _ in self.workers]
         for boundary in range(boundaries):
+            steps = []
             for _ in range(steps_per_boundary):
-                for smoother, b, t in zip(smoothers, plan, self.step_s(plan, boundary)):
+                times = self.step_s(plan, boundary)
+                steps.append(max(times))
+                for smoother, b, t in zip(smoothers, plan, times):
                     smoother.update(b, t, 0.0)
             compute_s = [s.compute_s for s in smoothers]
-            stats = self.stats_at(plan, boundary)
+            stats = [
+                replace(stat, compute_se=s.compute_se)
+                for stat, s in zip(self.stats_at(plan, boundary), smoothers)
+            ]
+            step_se = stdev(steps) / sqrt(len(steps)) if len(steps) > 1 else nan
+            back = None if guard is None else guard.review(plan, fmean(steps), step_se)
             new_plan = controller.update(plan, compute_s, limits, stats)
+            if back is not None:
+                new_plan = back
+            elif guard is not None:
+                new_plan = guard.propose(plan, new_plan)
             result.history.append(
                 {
                     "boundary": boundary,
@@ -255,6 +303,7 @@ class ClusterSimulator:
                     "balance": balance_efficiency(plan, self.true_step_s(plan, boundary)),
                     "measured_balance": balance_efficiency(plan, compute_s),
                     "changed": new_plan != plan,
+                    "reverted": back is not None,
                     "stats": stats,
                 }
             )

@@ -1,9 +1,31 @@
 """Per-rank smoothing of step timings between two plan changes."""
 
 from dataclasses import dataclass
-from math import isfinite
+from math import isfinite, nan, sqrt
 
 __all__ = ["TimingSmoother"]
+
+
+@dataclass
+class _Moments:
+    """Running mean and variance (Welford) of one quantity."""
+
+    count: int = 0
+    mean: float = nan
+    _m2: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.mean, self._m2 = value, 0.0
+            return
+        delta = value - self.mean
+        self.mean += delta / self.count
+        self._m2 += delta * (value - self.mean)
+
+    @property
+    def std(self) -> float:
+        return sqrt(self._m2 / (self.count - 1)) if self.count > 1 else nan
 
 
 @dataclass
@@ -15,41 +37,81 @@ class TimingSmoother:
     iteration times since the last batch change). The average restarts whenever the
     batch size changes, so it always describes the batch size it reports. The first
     step after a restart is discarded when later steps arrive: it pays one-off costs
-    (allocator growth, DDP bucket rebuilding, cold caches).
+    (allocator growth, DDP bucket rebuilding, cold caches). A step timed only from its
+    batch's arrival (``full=False``: an epoch's first, see
+    :class:`~lightning_hetero._comm.StepRecord`) counts only while no fully timed one exists.
+
+    Besides the average it keeps, over the same steps, how noisy they are
+    (:attr:`compute_se`) and the plain mean of the whole step, compute plus waiting
+    (:attr:`step_s`, the synchronous step time in lock-step modes) with its standard error.
 
     Example:
         >>> s = TimingSmoother(smoothing=0.5)
         >>> for t in (9.0, 1.0, 3.0):
         ...     s.update(batch_size=32, compute_s=t, wait_s=0.0)
-        >>> s.batch_size, s.compute_s, s.steps
-        (32, 2.0, 3)
+        >>> s.batch_size, s.compute_s, s.steps, s.step_s
+        (32, 2.0, 3, 2.0)
     """
 
     smoothing: float = 0.8
     batch_size: int = 0
-    compute_s: float = float("nan")
-    wait_s: float = float("nan")
+    compute_s: float = nan
+    wait_s: float = nan
     steps: int = 0
+    full_steps: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.smoothing < 1.0:
             raise ValueError(f"`smoothing` must be in [0, 1), got {self.smoothing}.")
+        self._compute = _Moments()
+        self._step = _Moments()
 
     def reset(self) -> None:
         """Forget all samples."""
-        self.batch_size, self.compute_s, self.wait_s, self.steps = 0, float("nan"), float("nan"), 0
+        self.batch_size, self.compute_s, self.wait_s = 0, nan, nan
+        self.steps = self.full_steps = 0
+        self._compute, self._step = _Moments(), _Moments()
 
-    def update(self, batch_size: int, compute_s: float, wait_s: float) -> None:
-        """Add one step; a different ``batch_size`` restarts the average."""
+    def update(self, batch_size: int, compute_s: float, wait_s: float, full: bool = True) -> None:
+        """Add one step; a different ``batch_size`` restarts the average. ``full``: the step
+        was timed from the previous step's end (its loading included)."""
         if batch_size != self.batch_size:
             self.reset()
             self.batch_size = batch_size
         if not (isfinite(compute_s) and isfinite(wait_s)):
             return
+        if not full and self.full_steps:
+            return  # a fully timed reading describes the step better
+        if full and self.steps and not self.full_steps:
+            self.steps = 1  # only partial readings so far: replace them (one-off costs paid)
         self.steps += 1
+        self.full_steps += full
         if self.steps <= 2:  # the first step is replaced by the second
             self.compute_s, self.wait_s = compute_s, wait_s
-            return
+            self._compute, self._step = _Moments(), _Moments()
+        else:
+            a = self.smoothing
+            self.compute_s = a * self.compute_s + (1.0 - a) * compute_s
+            self.wait_s = a * self.wait_s + (1.0 - a) * wait_s
+        self._compute.add(compute_s)
+        self._step.add(compute_s + wait_s)
+
+    @property
+    def compute_se(self) -> float:
+        """Standard error of :attr:`compute_s`: the per-step standard deviation over the
+        square root of the steps the average holds (at most ``(1 + a) / (1 - a)`` for an
+        EWMA of factor ``a``); ``nan`` below two steps."""
         a = self.smoothing
-        self.compute_s = a * self.compute_s + (1.0 - a) * compute_s
-        self.wait_s = a * self.wait_s + (1.0 - a) * wait_s
+        held = min(self._compute.count, (1.0 + a) / (1.0 - a))
+        return self._compute.std / sqrt(held) if held > 0 else nan
+
+    @property
+    def step_s(self) -> float:
+        """Plain mean of compute plus wait per step: the wall time of a step."""
+        return self._step.mean
+
+    @property
+    def step_se(self) -> float:
+        """Standard error of :attr:`step_s` (``nan`` below two steps)."""
+        n = self._step.count
+        return self._step.std / sqrt(n) if n > 1 else nan

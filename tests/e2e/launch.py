@@ -10,13 +10,16 @@ from lightning_hetero.bench.run import child_env, launch
 HERE = Path(__file__).parent
 
 
-def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_script(
+    *args: str, timeout: float = 300, warnings: bool = False
+) -> subprocess.CompletedProcess:
+    """Run a script of this folder as a fresh job; ``warnings``: show them (tests read them)."""
     proc = subprocess.run(
         [sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=child_env(),
+        env=child_env(warnings=warnings),
         cwd=HERE,
     )
     if proc.returncode != 0:

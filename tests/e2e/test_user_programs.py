@@ -7,8 +7,10 @@ deadlocked the first of these at the first epoch end.
 """
 
 import json
+import math
 
 import pytest
+import torch
 
 from tests.e2e.launch import run_script
 
@@ -91,3 +93,36 @@ def test_batchnorm_model_with_a_three_sample_tail_trains_like_ddp(tmp_path):
 def test_several_training_loaders_are_refused_at_fit_start(tmp_path):
     with pytest.raises(AssertionError, match="found 2 training DataLoaders"):
         _run(tmp_path, "--loaders", "2", "--epochs", "1")
+
+
+def test_a_resume_after_in_epoch_validation_records_no_empty_boundary(tmp_path):
+    # val_check_interval=0.5: the checkpoint is written by the validation after the epoch's
+    # last batch, before the epoch ends; the resumed fit ends that epoch with no batch left
+    options = ("--val-check-interval", "0.5", "--plan", "10,6")
+    first = _run(tmp_path, "--epochs", "1", *options)
+    saved = torch.load(first["checkpoint"], weights_only=False)
+    assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["is_last_batch"]
+    assert saved["callbacks"]["HeteroCallback"]["history"] == []  # before the epoch's boundary
+    out = tmp_path / "resumed.json"
+    proc = run_script(
+        "user_program.py",
+        str(out),
+        "--epochs",
+        "2",
+        "--resume",
+        first["checkpoint"],
+        *options,
+        timeout=240,
+        warnings=True,
+    )
+    output = proc.stdout + proc.stderr
+    assert "no finite step timings" not in output and "hetero: " not in output, output[-3000:]
+    resumed = json.loads(out.read_text())
+    (entry,) = resumed["history"]  # epoch 1's boundary only: none for the empty epoch 0
+    assert entry["epoch"] == 1 and entry["batch_sizes"] == [10, 6]
+    assert all(math.isfinite(t) and t > 0 for t in entry["compute_times"])
+    steps = SAMPLES // 16
+    assert resumed["global_step"] == 2 * steps
+    # the saved plan goes on: epoch 1 trains every sample in batches of 10 and 6
+    assert [[len(batch) for batch in rank] for rank in resumed["seen"]] == [[10] * 6, [6] * 6]
+    assert _epochs(resumed["seen"], steps) == [list(range(SAMPLES))]

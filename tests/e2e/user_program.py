@@ -7,7 +7,7 @@ validation level, read at epoch end by a ``@rank_zero_only`` callback.
 usage: python user_program.py OUT_JSON [--bar tqdm|rich] [--adjust-every N]
        [--hetero-callback none|first|last] [--bn] [--samples N] [--batch-size N]
        [--min-batch-size N] [--plan B0,B1] [--loaders N] [--cores] [--onecycle]
-       [--in-order]
+       [--in-order] [--epochs N] [--val-check-interval X] [--resume CKPT]
 """
 
 import argparse
@@ -129,6 +129,8 @@ def main() -> None:
     parser.add_argument("--onecycle", action="store_true")
     parser.add_argument("--in-order", action="store_true")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--val-check-interval", type=float, default=1.0)
+    parser.add_argument("--resume", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -159,9 +161,10 @@ def main() -> None:
         callbacks=callbacks,
         default_root_dir=args.out + ".logs",
         log_every_n_steps=1,
+        val_check_interval=args.val_check_interval,
     )
     model = Classifier(args)
-    trainer.fit(model)
+    trainer.fit(model, ckpt_path=args.resume)
     seen = strategy.gather_objects(model.seen)
     if trainer.global_rank == 0:
         result = {

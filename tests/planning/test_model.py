@@ -350,12 +350,40 @@ def test_invalid_options_raise(kwargs) -> None:
         ModelController(**kwargs)
 
 
-def test_learned_maximum_rule_is_available_and_caps_a_rank_whose_throughput_fell() -> None:
+def test_learned_maximum_rule_is_available_and_caps_a_rank_whose_throughput_fell_twice() -> None:
     limits = BatchLimits.build(2, 200)
-    controller = ModelController(learn_max_batch_size=True)
+    controller = ModelController(learn_max_batch_size=True, relearn_after=2)
     assert controller.update([100, 100], [1.0, 0.5], limits) == [67, 133]
-    controller.update([67, 133], [0.67, 1.0], limits)
+    controller.update([67, 133], [0.67, 1.0], limits)  # one drop: a candidate only
+    assert controller.learned_max == [None, None]
+    assert controller.max_candidates[1]["size"] == 100
+    with pytest.warns(UserWarning, match="Rank 1's batch size is capped at 100"):
+        assert controller.update([80, 120], [0.8, 120 / 133], limits) == [100, 100]
     assert controller.learned_max == [None, 100]
+    controller.update([100, 100], [1.0, 0.5], limits)
+    assert controller.update([100, 100], [1.0, 0.5], limits)[1] > 100  # lifted: re-tested
+
+
+def test_learned_maximum_state_round_trips_and_old_states_load() -> None:
+    limits = BatchLimits.build(2, 200)
+    original = ModelController(learn_max_batch_size=True)
+    original.update([100, 100], [1.0, 0.5], limits)
+    original.update([67, 133], [0.67, 1.0], limits)
+    restored = ModelController(learn_max_batch_size=True)
+    restored.load_state_dict(json.loads(json.dumps(original.state_dict())))
+    assert restored.state_dict() == original.state_dict()
+    assert restored.max_candidates[1] is not None
+    old = original.state_dict()
+    del old["learned_expires_in"], old["max_candidates"]
+    old["learned_max"] = [None, 100]
+    restored.load_state_dict(old)
+    assert restored.learned_expires_in == [None, 10]
+    assert restored.max_candidates == [None, None]
+
+
+def test_invalid_relearn_after_raises() -> None:
+    with pytest.raises(ValueError, match="`relearn_after` must be an integer >= 1"):
+        ModelController(relearn_after=0)
 
 
 # --- state -------------------------------------------------------------------------------------

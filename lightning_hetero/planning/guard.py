@@ -1,0 +1,153 @@
+"""The closed loop on the objective: keep a plan change only if steps did not get slower."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import isfinite, sqrt
+from typing import Any
+
+__all__ = ["StepTimeGuard", "damped_plan"]
+
+
+def damped_plan(plan: Sequence[int], target: Sequence[int], fraction: float) -> list[int]:
+    """``plan + fraction * (target - plan)`` in integers that keep the plan's sum.
+
+    Each rank lands between its old and its target size (so bounds both respect hold);
+    the rounding gives the remainder to the largest fractional parts, ties to lower ranks.
+
+    Example:
+        >>> damped_plan([64, 64, 64, 64], [61, 1, 1, 193], 0.5)
+        [63, 33, 32, 128]
+    """
+    if len(plan) != len(target) or sum(plan) != sum(target):
+        raise ValueError(f"`target` {list(target)} is not a re-split of `plan` {list(plan)}.")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"`fraction` must be in [0, 1], got {fraction}.")
+    exact = [b + fraction * (t - b) for b, t in zip(plan, target)]
+    low = [min(int(x // 1), max(b, t)) for x, b, t in zip(exact, plan, target)]
+    short = sum(plan) - sum(low)
+    order = sorted(range(len(plan)), key=lambda k: (-(exact[k] - low[k]), k))
+    for k in order[:short]:
+        low[k] += 1
+    return low
+
+
+@dataclass
+class _Measured:
+    plan: list[int]
+    step_s: float
+    step_se: float
+
+
+class StepTimeGuard:
+    """Checks every plan change against the wall time of a synchronous step, and undoes it.
+
+    In lock-step training every rank's step takes the same wall time, and that time is what
+    a plan is for. At each boundary the guard gets the plan in force with its measured mean
+    step time and standard error (:meth:`review`). When the plan in force is a change the
+    guard let through at the previous boundary (a *trial*) and steps became slower than
+    under the plan before it by more than ``z`` standard errors of the difference plus
+    ``tolerance`` (relative), it answers with that earlier plan: the change is reverted.
+    A revert is remembered as a smaller step: the next changes move only ``shrink`` of the
+    way from the plan in force to what the controller asks (halving again at every further
+    revert), and once a step would be below ``min_fraction`` no change is tried at all.
+    That memory is forgotten when a change is kept, or when the step time of the plan in
+    force moves beyond the noise (the cluster changed). So a run is never left slower than
+    the plan it started from, whatever the controller believes.
+
+    Pure: numbers in, plans out; the re-planner and the simulator drive it.
+
+    Args:
+        z: standard errors of the difference of two mean step times that count as noise.
+        tolerance: relative slowdown that never counts (timer resolution, drift), ``>= 0``.
+        shrink: fraction of the step tried after a revert, in ``(0, 1)``.
+        min_fraction: smallest fraction of a step worth trying, in ``(0, 1]``.
+
+    Example:
+        >>> guard = StepTimeGuard()
+        >>> guard.review([32, 32], step_s=1.00, step_se=0.01)  # the start: nothing to check
+        >>> guard.propose([32, 32], [60, 4])
+        [60, 4]
+        >>> guard.review([60, 4], step_s=1.30, step_se=0.01)  # slower: back to the plan before
+        [32, 32]
+        >>> guard.review([32, 32], step_s=1.00, step_se=0.01)
+        >>> guard.propose([32, 32], [60, 4])  # half the step now
+        [46, 18]
+    """
+
+    def __init__(
+        self, z: float = 2.0, tolerance: float = 0.005, shrink: float = 0.5, min_fraction: float = 0.2
+    ) -> None:
+        if z < 0 or tolerance < 0:
+            raise ValueError(f"`z` and `tolerance` must be >= 0, got {z} and {tolerance}.")
+        if not 0.0 < shrink < 1.0:
+            raise ValueError(f"`shrink` must be in (0, 1), got {shrink}.")
+        if not 0.0 < min_fraction <= 1.0:
+            raise ValueError(f"`min_fraction` must be in (0, 1], got {min_fraction}.")
+        self.z, self.tolerance, self.shrink, self.min_fraction = z, tolerance, shrink, min_fraction
+        #: The last kept plan and its step time.
+        self.baseline: _Measured | None = None
+        #: The change under test (made at the last boundary), if any.
+        self.trial: list[int] | None = None
+        #: Fraction of a controller's step tried now (1.0 until a revert).
+        self.fraction = 1.0
+        #: The baseline's step time when the last revert happened.
+        self._reverted_at: _Measured | None = None
+        #: Changes undone so far.
+        self.reverts = 0
+
+    def _slower(self, now: _Measured, before: _Measured) -> bool:
+        """``now``'s steps are slower than ``before``'s beyond noise."""
+        noise = sqrt(sum(se * se for se in (now.step_se, before.step_se) if isfinite(se)))
+        return now.step_s - before.step_s > self.z * noise + self.tolerance * before.step_s
+
+    def review(self, plan: Sequence[int], step_s: float, step_se: float) -> list[int] | None:
+        """The plan in force and its measured step time; returns the plan to go back to when
+        ``plan`` is a trial that made steps slower, else ``None``.
+
+        Call it only with a step time measured at ``plan`` (finite and positive).
+        """
+        now = _Measured(list(plan), float(step_s), float(step_se))
+        if self.trial is not None and now.plan == self.trial and self.baseline is not None:
+            self.trial = None
+            if self._slower(now, self.baseline):
+                self.reverts += 1
+                self.fraction *= self.shrink
+                self._reverted_at = self.baseline
+                return list(self.baseline.plan)
+            self.fraction, self._reverted_at = 1.0, None  # kept: a new baseline
+        elif self._reverted_at is not None and (
+            self._slower(now, self._reverted_at) or self._slower(self._reverted_at, now)
+        ):
+            self.fraction, self._reverted_at = 1.0, None  # the cluster changed: try again
+        self.trial = None
+        self.baseline = now
+        return None
+
+    def propose(self, plan: Sequence[int], target: Sequence[int]) -> list[int]:
+        """What to run instead of ``plan`` when the controller asks for ``target``: the
+        target, a damped step toward it after a revert, or ``plan`` (no change)."""
+        current, wanted = list(plan), list(target)
+        if wanted == current or self.fraction < self.min_fraction:
+            return current
+        step = damped_plan(current, wanted, self.fraction) if self.fraction < 1.0 else wanted
+        self.trial = step if step != current else None
+        return step
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue after a restart."""
+        return {
+            "baseline": None if self.baseline is None else vars(self.baseline).copy(),
+            "trial": self.trial,
+            "fraction": self.fraction,
+            "reverted_at": None if self._reverted_at is None else vars(self._reverted_at).copy(),
+            "reverts": self.reverts,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.baseline = None if state["baseline"] is None else _Measured(**state["baseline"])
+        self.trial = state["trial"]
+        self.fraction = float(state["fraction"])
+        reverted = state["reverted_at"]
+        self._reverted_at = None if reverted is None else _Measured(**reverted)
+        self.reverts = int(state["reverts"])
