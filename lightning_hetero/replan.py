@@ -436,14 +436,14 @@ class Replanner:
             self._keep_saved_throughputs(state["ranks"])
             if state["controller_class"] == type(self.controller).__name__:
                 self.controller.load_state_dict(state["controller"])
-            if self.guard is not None and state.get("guard") is not None:
-                self.guard.load_state_dict(state["guard"])
             else:
                 rank_zero_warn(
                     f"The checkpoint was written with the {state['controller_class']}"
                     f" controller, this run uses {type(self.controller).__name__}: its"
                     " state starts fresh."
                 )
+            if self.guard is not None and state.get("guard") is not None:
+                self.guard.load_state_dict(state["guard"])
         else:
             self._restore_for_new_world(state)
         self.history[:] = state["history"]

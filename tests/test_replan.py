@@ -10,7 +10,12 @@ import torch
 from lightning_hetero._comm import HostStepTimer
 from lightning_hetero.collectives import Collectives
 from lightning_hetero.plan_state import PlanState
-from lightning_hetero.planning import BatchLimits, Controller, ProportionalController
+from lightning_hetero.planning import (
+    BatchLimits,
+    Controller,
+    ProportionalController,
+    StepTimeGuard,
+)
 from lightning_hetero.replan import RankReport, Replanner, check_replan_options, plan_checksum
 
 
@@ -235,3 +240,86 @@ def test_nothing_is_gathered_before_the_first_training_loader():
 def test_bad_replanning_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         check_replan_options(*options)
+
+
+class _Mirror(Collectives):
+    """One process playing two ranks: rank 1 reports what rank 0 does, at its own size."""
+
+    def gather_rows(self, values):
+        rank1 = list(values)
+        rank1[0] = self.other_batch_size  # type: ignore[attr-defined]
+        return [list(values), rank1]
+
+    def gather_objects(self, value):
+        return [value, value]
+
+
+class _Scripted(Controller):
+    """Answers each boundary with the next plan of its script."""
+
+    replicable = True
+
+    def __init__(self, plans):
+        self.plans = list(plans)
+
+    def update(self, batch_sizes, compute_s, limits, stats=None):
+        return self.plans.pop(0) if self.plans else list(batch_sizes)
+
+
+def _guarded_pair(controller: Controller) -> tuple[_Host, Replanner]:
+    host = _Host([8])
+    host.world_size = 2
+    host.plan_state = PlanState(plan=[8, 8], limits=BatchLimits.build(2, 16))
+    host.comm = _Mirror(0, 1, host.root_device)
+    host.comm.other_batch_size = 8
+
+    def apply(batch_sizes, from_step=None):
+        host.applied.append((list(batch_sizes), from_step))
+        host.plan_state.plan = list(batch_sizes)
+        host.comm.other_batch_size = batch_sizes[1]
+
+    host.apply_plan = apply
+    guard = StepTimeGuard()
+    replanner = Replanner(host, controller, smoothing=0.5, adjust_every="epoch", guard=guard)
+    replanner.start()
+    return host, replanner
+
+
+def test_a_plan_change_that_made_steps_slower_is_reverted_and_recorded():
+    host, replanner = _guarded_pair(_Scripted([[12, 4]] * 3))
+    _timed(host, 8, 5, 1.0)
+    _end_epoch(replanner, 5)
+    _timed(host, 12, 5, 1.5)  # every step of the new plan takes longer
+    _end_epoch(replanner, 5)
+    first, second = replanner.history
+    assert first["changed"] and not first["reverted"] and first["step_time"] == 1.0
+    assert second["reverted"] and second["changed"] and second["step_time"] == 1.5
+    assert host.applied == [([12, 4], 4), ([8, 8], 4)]
+    assert replanner.guard.reverts == 1 and replanner.adjustments == 2
+    # the controller asks for the same change again: it gets half of it
+    _timed(host, 8, 5, 1.0)
+    _end_epoch(replanner, 5)
+    assert host.plan_state.batch_sizes == [10, 6]
+
+
+def test_a_faster_plan_change_is_kept():
+    host, replanner = _guarded_pair(_Scripted([[12, 4]]))
+    _timed(host, 8, 5, 1.0)
+    _end_epoch(replanner, 5)
+    _timed(host, 12, 5, 0.7)
+    _end_epoch(replanner, 5)
+    assert [e["reverted"] for e in replanner.history] == [False, False]
+    assert host.plan_state.batch_sizes == [12, 4]
+
+
+def test_the_guards_state_travels_in_the_checkpoint():
+    host, replanner = _guarded_pair(_Scripted([[12, 4]]))
+    _timed(host, 8, 5, 1.0)
+    _end_epoch(replanner, 5)
+    state = replanner.state_dict()
+    host2, resumed = _guarded_pair(_Scripted([]))
+    resumed.load_state_dict(state)
+    host2.apply_plan(state["batch_sizes"])  # what the first training loader does
+    _timed(host2, 12, 5, 1.5)
+    _end_epoch(resumed, 5)
+    assert resumed.history[-1]["reverted"] and host2.plan_state.batch_sizes == [8, 8]

@@ -161,9 +161,9 @@ class LearnedMaximum:
                 self.learned_expires_in[k] = self.relearn_after
                 warnings.warn(
                     f"Rank {k}'s batch size is capped at {size}: its throughput fell from"
-                    f" {candidate['throughput']:.1f} samples/s at {size} to"
-                    f" {candidate['dropped_to']:.1f} at {candidate['grown_to']} and"
-                    f" {throughput[k]:.1f} at {current[k]} (two boundaries). The cap is"
+                    f" {candidate['throughput']:.1f} samples/s at batch size {size} to"
+                    f" {candidate['dropped_to']:.1f} at {candidate['grown_to']}, and was"
+                    f" {throughput[k]:.1f} at {current[k]} at a later boundary. The cap is"
                     f" lifted and re-tested after {self.relearn_after} boundaries"
                     " (`relearn_after`).",
                     stacklevel=4,
@@ -225,8 +225,7 @@ class ProportionalController(LearnedMaximum, Controller):
       size again, still slower than ``1 - throughput_drop`` times its throughput there),
       with a warning naming the rank and the size; one slow boundary (contention, noise)
       binds nothing. A maximum holds for ``relearn_after`` boundaries, then the rank may
-      grow again and the maximum must be confirmed anew
-      (``LearnedMaximum``).
+      grow again and the maximum must be confirmed anew (see ``LearnedMaximum``).
 
     **Renormalisation.** ``renormalization="project"`` (the default) is the exact
     bounded proportional split above. ``"omnilearn"`` reproduces paper 002 step by

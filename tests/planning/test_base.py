@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from lightning_hetero.planning.base import BatchLimits, Controller
+from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.split import PlanError
 
 
@@ -82,3 +82,50 @@ def test_limits_admit_only_plans_with_the_global_sum_and_in_bounds() -> None:
     assert not limits.admits([5, 4, 3])  # rank 0 above its maximum
     assert not limits.admits([1, 5, 6])  # rank 0 below the minimum
     assert not limits.admits([6, 6])  # wrong length
+
+
+def test_the_auto_deadband_is_twice_the_largest_relative_noise_within_its_bounds():
+    from lightning_hetero.planning.base import (
+        AUTO_DEADBAND_FALLBACK,
+        AUTO_DEADBAND_FLOOR,
+        noise_deadband,
+    )
+
+    quiet = [RankStats(compute_se=0.001), RankStats(compute_se=0.0)]
+    assert noise_deadband("auto", [1.0, 1.0], quiet) == AUTO_DEADBAND_FLOOR
+    noisy = [RankStats(compute_se=0.03), RankStats(compute_se=0.01)]
+    assert noise_deadband("auto", [1.0, 0.5], noisy) == 0.06
+    assert noise_deadband("auto", [1.0, 1.0], [RankStats()] * 2) == AUTO_DEADBAND_FALLBACK
+    assert noise_deadband(0.2, [1.0, 1.0], noisy) == 0.2
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, "off", True, None])
+def test_a_deadband_that_is_neither_auto_nor_in_0_1_is_refused(bad):
+    from lightning_hetero.planning.base import check_deadband
+
+    with pytest.raises(ValueError, match="deadband"):
+        check_deadband(bad)
+
+
+@pytest.mark.parametrize("name", ["proportional", "model"])
+def test_with_an_auto_deadband_a_calm_cluster_settles_closer_than_the_fixed_band(name):
+    # 4% off balance: inside the old fixed 5% band, outside twice the measured 0.5% noise
+    from lightning_hetero.planning import make_controller
+
+    limits = BatchLimits.build(2, 200)
+    calm = [RankStats(compute_se=0.005)] * 2
+    assert make_controller(name, deadband=0.05).update([100, 100], [1.0, 1.04], limits, calm) == [
+        100,
+        100,
+    ]
+    moved = make_controller(name, deadband="auto").update([100, 100], [1.0, 1.04], limits, calm)
+    assert moved[0] > 100 and sum(moved) == 200
+    noisy = [RankStats(compute_se=0.05)] * 2  # the same gap is noise here
+    kept = make_controller(name, deadband="auto").update([100, 100], [1.0, 1.04], limits, noisy)
+    assert kept == [100, 100]
+
+
+def test_controllers_without_an_auto_deadband_keep_their_own_default():
+    from lightning_hetero.planning import LBBSPController, make_controller
+
+    assert make_controller("lbbsp", deadband="auto").deadband == LBBSPController().deadband

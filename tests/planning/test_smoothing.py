@@ -113,3 +113,30 @@ def test_reset_forgets_all_samples() -> None:
 def test_smoothing_outside_zero_one_raises(smoothing: float) -> None:
     with pytest.raises(ValueError, match="`smoothing` must be in"):
         TimingSmoother(smoothing=smoothing)
+
+
+def test_a_fully_timed_step_replaces_partial_ones_and_partial_ones_are_ignored_after():
+    s = TimingSmoother(smoothing=0.0)
+    s.update(8, 0.5, 0.0, full=False)  # an epoch's first step: its loading not seen
+    assert s.compute_s == 0.5 and s.full_steps == 0
+    s.update(8, 0.9, 0.1, full=True)
+    assert (s.compute_s, s.wait_s, s.full_steps) == (0.9, 0.1, 1)
+    s.update(8, 0.4, 0.0, full=False)
+    assert s.compute_s == 0.9 and s.steps == 2
+
+
+def test_the_step_time_is_the_plain_mean_of_compute_plus_wait_with_its_standard_error():
+    s = TimingSmoother(smoothing=0.8)
+    for compute_s, wait_s in [(5.0, 5.0), (1.0, 0.5), (1.2, 0.3), (0.8, 0.7)]:
+        s.update(4, compute_s, wait_s)
+    # the first step (one-off costs) is left out; the others all take 1.5 s
+    assert s.step_s == 1.5 and s.step_se == 0.0
+
+
+def test_the_compute_noise_is_its_standard_deviation_over_the_steps_the_average_holds():
+    s = TimingSmoother(smoothing=0.5)  # an EWMA of factor 0.5 holds about 3 steps
+    for compute_s in [9.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0]:
+        s.update(4, compute_s, 0.0)
+    std = 0.5477225575051661  # of 1, 2, 1, 2, 1, 2
+    assert abs(s.compute_se - std / 3**0.5) < 1e-12
+    assert math.isnan(TimingSmoother().compute_se)

@@ -1,0 +1,145 @@
+"""The step-time guard: plan changes checked against the measured step time."""
+
+import random
+
+import pytest
+
+from lightning_hetero.planning import (
+    BatchLimits,
+    ProportionalController,
+    SimulatedWorker,
+    StepTimeGuard,
+    damped_plan,
+)
+from lightning_hetero.planning.scenarios import SCENARIOS, run_scenario
+from lightning_hetero.planning.simulator import ClusterSimulator
+
+
+def test_a_change_that_made_steps_slower_is_reverted_to_the_plan_before_it():
+    guard = StepTimeGuard()
+    assert guard.review([32, 32], 1.0, 0.01) is None
+    assert guard.propose([32, 32], [50, 14]) == [50, 14]
+    assert guard.review([50, 14], 1.2, 0.01) == [32, 32]
+    assert guard.reverts == 1 and guard.fraction == 0.5
+
+
+def test_a_change_within_the_noise_is_kept_and_becomes_the_baseline():
+    guard = StepTimeGuard(z=2.0, tolerance=0.0)
+    guard.review([32, 32], 1.00, 0.02)
+    guard.propose([32, 32], [40, 24])
+    # 1.05 - 1.00 < 2 * sqrt(0.02**2 + 0.02**2) = 0.0566: not slower beyond noise
+    assert guard.review([40, 24], 1.05, 0.02) is None
+    assert guard.baseline is not None and guard.baseline.plan == [40, 24]
+    assert guard.reverts == 0
+
+
+def test_a_faster_change_is_kept_and_the_next_one_is_checked_against_it():
+    guard = StepTimeGuard()
+    guard.review([32, 32], 1.0, 0.0)
+    guard.propose([32, 32], [40, 24])
+    assert guard.review([40, 24], 0.8, 0.0) is None
+    guard.propose([40, 24], [50, 14])
+    assert guard.review([50, 14], 0.9, 0.0) == [40, 24]  # slower than 0.8, not than 1.0
+
+
+def test_after_reverts_steps_shrink_until_the_guard_stops_trying():
+    guard = StepTimeGuard(shrink=0.5, min_fraction=0.2)
+    guard.review([64, 64], 1.0, 0.0)
+    tried = []
+    for _ in range(4):
+        step = guard.propose([64, 64], [120, 8])
+        tried.append(step)
+        if step == [64, 64]:
+            break
+        assert guard.review(step, 1.5, 0.0) == [64, 64]
+        guard.review([64, 64], 1.0, 0.0)
+    assert tried == [[120, 8], [92, 36], [78, 50], [64, 64]]  # 1, 1/2, 1/4, then nothing
+
+
+def test_a_kept_change_restores_full_steps():
+    guard = StepTimeGuard()
+    guard.review([64, 64], 1.0, 0.0)
+    guard.propose([64, 64], [120, 8])
+    guard.review([120, 8], 1.5, 0.0)
+    guard.review([64, 64], 1.0, 0.0)
+    half = guard.propose([64, 64], [120, 8])
+    assert half == [92, 36]
+    assert guard.review(half, 0.9, 0.0) is None
+    assert guard.fraction == 1.0
+    assert guard.propose(half, [100, 28]) == [100, 28]
+
+
+def test_a_cluster_change_seen_in_the_baselines_step_time_forgets_the_reverts():
+    guard = StepTimeGuard()
+    guard.review([64, 64], 1.0, 0.01)
+    guard.propose([64, 64], [120, 8])
+    guard.review([120, 8], 1.5, 0.01)
+    guard.review([64, 64], 1.0, 0.01)
+    assert guard.fraction == 0.5
+    guard.review([64, 64], 1.6, 0.01)  # the same plan, much slower: speeds changed
+    assert guard.fraction == 1.0
+    assert guard.propose([64, 64], [120, 8]) == [120, 8]
+
+
+def test_the_state_round_trip_continues_a_trial():
+    guard = StepTimeGuard()
+    guard.review([32, 32], 1.0, 0.01)
+    guard.propose([32, 32], [50, 14])
+    restored = StepTimeGuard()
+    restored.load_state_dict(guard.state_dict())
+    assert restored.review([50, 14], 1.3, 0.01) == [32, 32]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("z", -1.0), ("tolerance", -0.1), ("shrink", 1.0), ("shrink", 0.0), ("min_fraction", 0.0)],
+)
+def test_bad_options_are_refused(option, value):
+    with pytest.raises(ValueError, match=option):
+        StepTimeGuard(**{option: value})
+
+
+def test_damped_plans_keep_the_sum_and_lie_between_the_two_plans():
+    rng = random.Random(0)
+    for _ in range(500):
+        k = rng.randint(1, 9)
+        plan = [rng.randint(1, 40) for _ in range(k)]
+        total = sum(plan)
+        cuts = sorted(rng.sample(range(1, total), k - 1)) if k > 1 else []
+        target = [b - a for a, b in zip([0, *cuts], [*cuts, total])]
+        fraction = rng.random()
+        damped = damped_plan(plan, target, fraction)
+        assert sum(damped) == total
+        assert all(min(p, t) <= d <= max(p, t) for p, t, d in zip(plan, target, damped))
+    assert damped_plan([10, 20], [30, 0], 1.0) == [30, 0]
+    assert damped_plan([10, 20], [30, 0], 0.0) == [10, 20]
+
+
+def test_damped_plan_refuses_a_target_of_another_sum():
+    with pytest.raises(ValueError, match="re-split"):
+        damped_plan([10, 20], [10, 21], 0.5)
+
+
+def test_on_a_floored_cluster_the_guarded_controller_never_ends_slower_than_uniform():
+    # workers 1-3 take 1.5 s whatever their batch below 75 samples; a proportional split
+    # reads them as slow and pushes worker 0 past 1.5 s with a dead-band of 1%
+    workers = [SimulatedWorker(0.01), *[SimulatedWorker(0.02, floor_s=1.5)] * 3]
+    limits = BatchLimits.build(4, 256)
+    for seed in range(5):
+        sim = ClusterSimulator(workers, noise=0.02, seed=seed)
+        result = sim.run(
+            ProportionalController(deadband=0.01), [64] * 4, limits, 30, guard=StepTimeGuard()
+        )
+        uniform_s = max(sim.true_step_s([64] * 4, 0))
+        last_s = max(sim.true_step_s(result.plans[-1], 0))
+        assert last_s <= 1.03 * uniform_s
+
+
+@pytest.mark.parametrize("name", ["loader", "floor", "floor-slow"])
+def test_the_default_configuration_reaches_the_optimum_on_loader_and_floor_clusters(name):
+    # what HeteroStrategy runs by default: proportional, deadband="auto", the guard
+    for seed in range(3):
+        report = run_scenario(
+            SCENARIOS[name], ProportionalController(deadband="auto"), seed, guard=StepTimeGuard()
+        )
+        assert report.steady_efficiency >= 0.97
