@@ -216,7 +216,8 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
     plan_error = math.nan
     if "floor" not in pair.get("costs", {}):  # a floor leaves many optimal plans
         best = solve_plan([StepTimeCurve.fit(points) for points in observations], limits)
-        plan_error = max(abs(b - o) / o for b, o in zip(history[-1]["next_batch_sizes"], best))
+        last = history[-1].get("next_batch_sizes", history[-1]["batch_sizes"])
+        plan_error = max(abs(b - o) / o for b, o in zip(last, best))
     boundaries_s = sum(e["boundary_s"] for e in history)
     # the same without the all-gather, whose wait for the last rank would be spent anyway
     local_s = sum(e["boundary_s"] - e.get("gather_s", 0.0) for e in history)

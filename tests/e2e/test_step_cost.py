@@ -18,7 +18,7 @@ import pytest
 from tests.e2e.launch import run_script
 from tests.e2e.step_cost_program import BATCH_SIZE
 
-SLEEP = 0.005  # seconds per sample in the dataset's __getitem__
+SLEEP = 0.008  # seconds per sample in the dataset's __getitem__
 DEVICE = 0.0075  # Throttle's seconds per sample: the step outlasts two workers' loading
 LOAD = 0.003  # Throttle's load_cost: seconds per sample on the training thread
 UNEQUAL = [0.002, 0.008]  # Throttle's sample_cost of ranks 0 and 1
@@ -30,7 +30,7 @@ def _history(folder: Path, name: str, *args: str) -> list[dict[str, Any]]:
     return json.loads(out.read_text())
 
 
-# Every test's device work: 60 ms a step, with the dataset's 40 ms of loading per batch.
+# The first two tests' runs: 60 ms of device work a step, 64 ms of loading a batch.
 DEVICE_AND_LOADING = ["--sample-cost", f"{DEVICE},{DEVICE}", "--sleep", str(SLEEP)]
 
 
@@ -41,12 +41,12 @@ def on_thread(tmp_path_factory) -> list[dict[str, Any]]:
 
 
 def test_loading_on_the_training_thread_is_in_the_cost(on_thread):
-    loading_s, device_s = BATCH_SIZE * SLEEP, BATCH_SIZE * DEVICE  # 40 ms, 60 ms
+    loading_s, device_s = BATCH_SIZE * SLEEP, BATCH_SIZE * DEVICE  # 64 ms, 60 ms
     assert len(on_thread) == 2, on_thread  # one boundary per epoch
     for entry in on_thread:
         assert entry["batch_sizes"] == [BATCH_SIZE, BATCH_SIZE], entry  # static: fixed
-        # Every fully timed step holds both sleeps, so their sum is a lower bound (10% for
-        # the clocks). Without the loading a step costs the 60 ms plus the tiny model's few
+        # Every fully timed step holds both sleeps, so their sum is a lower bound (with 10% to
+        # spare). Without the loading a step costs the 60 ms plus the tiny model's few
         # ms, far below it.
         assert all(t >= 0.9 * (loading_s + device_s) for t in entry["compute_times"]), entry
         assert entry["step_time"] >= 0.9 * (loading_s + device_s), entry
@@ -54,7 +54,7 @@ def test_loading_on_the_training_thread_is_in_the_cost(on_thread):
 
 
 def test_loading_in_worker_processes_hidden_behind_the_step_is_not_in_the_cost(tmp_path, on_thread):
-    # The same loading with num_workers=2 (40 ms a batch per worker, 20 ms a batch for two)
+    # The same loading with num_workers=2 (64 ms a batch per worker, 32 ms a batch for two)
     # behind a step of 60 ms: batches wait ready in the queue, the step never waits for one.
     in_workers = _history(tmp_path, "workers", *DEVICE_AND_LOADING, "--workers", "2")
     loading_s, device_s = BATCH_SIZE * SLEEP, BATCH_SIZE * DEVICE
@@ -80,7 +80,7 @@ def test_equal_loading_adds_to_each_ranks_unequal_device_cost(tmp_path):
     compute = first["compute_times"]
     assert first["batch_sizes"] == [BATCH_SIZE, BATCH_SIZE], first
     for rank, device in enumerate(UNEQUAL):
-        # both sleeps are the rank's own cost (lower bound, 10% for clocks)
+        # both sleeps are the rank's own cost (lower bound, with 10% to spare)
         assert compute[rank] >= 0.9 * BATCH_SIZE * (LOAD + device), first
     # the slower device's rank costs more by most of the difference (48 ms); the faster
     # one waits for it rather than computing

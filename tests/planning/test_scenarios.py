@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from lightning_hetero.planning import StepTimeGuard
 from lightning_hetero.planning.base import Controller
 from lightning_hetero.planning.lbbsp import LBBSPController
 from lightning_hetero.planning.model import ModelController
@@ -58,7 +59,13 @@ FACTORIES: dict[str, Callable[[], Controller]] = {
     "lbbsp": LBBSPController,
     "lbbsp-last": lambda: LBBSPController(predictor="last"),
     "model": ModelController,
+    "proportional-auto": lambda: ProportionalController(deadband="auto"),
+    "model-auto": lambda: ModelController(deadband="auto"),
 }
+
+#: Controllers run as HeteroStrategy runs them by default: every plan change checked
+#: against the step time by a :class:`StepTimeGuard` (a fresh one per run).
+GUARDED = {"proportional-auto", "model-auto"}
 
 # fmt: off
 EXPECTED: dict[tuple[str, str], Expected] = {
@@ -215,7 +222,10 @@ def run_cell(controller: str, scenario: str, seed: int = 0) -> ScenarioReport:
     """Run one cell of the matrix."""
     expected = EXPECTED[controller, scenario]
     return run_scenario(
-        stretched(SCENARIOS[scenario], expected.stretch), FACTORIES[controller](), seed
+        stretched(SCENARIOS[scenario], expected.stretch),
+        FACTORIES[controller](),
+        seed,
+        guard=StepTimeGuard() if controller in GUARDED else None,
     )
 
 
