@@ -23,6 +23,8 @@ class StepRecord(NamedTuple):
     #: a break (an epoch's first step, the first after validation), timed from its batch's
     #: arrival only.
     full: bool
+    #: Tells the plans the steps ran under apart (e.g. a checksum of the plan; 0: unknown).
+    plan: int = 0
 
 
 class HostStepTimer:
@@ -54,9 +56,11 @@ class HostStepTimer:
     """
 
     def __init__(self) -> None:
-        # (batch_size, begin, end, ((wait_begin, wait_end), ...), other waits in s, full)
-        self._pending: list[tuple[int, Any, Any, tuple[tuple[Any, Any], ...], float, bool]] = []
+        # (batch_size, begin, end, ((wait_begin, wait_end), ...), other waits in s, full, plan)
+        self._pending: list[tuple[int, Any, Any, tuple[tuple[Any, Any], ...], float, bool, int]]
+        self._pending = []
         self._batch_size = 0
+        self._plan = 0
         self._cycle_begin: Any = None  # the previous step's end, until a break
         self._start: Any = None
         self._full = False
@@ -75,11 +79,12 @@ class HostStepTimer:
     def _elapsed_s(self, begin: Any, end: Any) -> float:
         return end - begin
 
-    def start(self, batch_size: int) -> None:
-        """A step on ``batch_size`` samples has its batch on the device (closing any open
-        step); its cycle began at the previous step's end, if no break came since."""
+    def start(self, batch_size: int, plan: int = 0) -> None:
+        """A step on ``batch_size`` samples of the plan ``plan`` (a key) has its batch on the
+        device (closing any open step); its cycle began at the previous step's end, if no
+        break came since."""
         self.finish()
-        self._batch_size = batch_size
+        self._batch_size, self._plan = batch_size, plan
         self._full = self._cycle_begin is not None
         self._start = self._cycle_begin if self._full else self._now()
 
@@ -139,7 +144,7 @@ class HostStepTimer:
         if self._end is not None:
             waits = tuple(self._waits[: self._waits_in_step])
             record = (self._batch_size, self._start, self._end, waits, self._extra_wait_s)
-            self._pending.append((*record, self._full))
+            self._pending.append((*record, self._full, self._plan))
             self._waits = self._waits[self._waits_in_step :]  # they belong to the next cycle
         else:
             self._waits = []
@@ -156,9 +161,10 @@ class HostStepTimer:
         self.finish()
         records = []
         while self._pending and self._finished(self._pending[0][2], synchronize):
-            batch_size, start, end, waits, extra_wait_s, full = self._pending.pop(0)
+            batch_size, start, end, waits, extra_wait_s, full, plan = self._pending.pop(0)
             wait_s = extra_wait_s + sum(self._elapsed_s(begin, stop) for begin, stop in waits)
-            records.append(StepRecord(batch_size, self._elapsed_s(start, end) - wait_s, wait_s, full))
+            cost_s = self._elapsed_s(start, end) - wait_s
+            records.append(StepRecord(batch_size, cost_s, wait_s, full, plan))
         return records
 
 

@@ -32,6 +32,8 @@ __all__ = ["INSTALL", "TARGET_BALANCE", "main", "plot_history", "plot_speedup", 
 INSTALL = "pip install 'lightning_hetero[plot]'"
 #: The balance efficiency the benchmark counts adjustments to (``adjustments_to_095``).
 TARGET_BALANCE = 0.95
+_STEP_TIME_COLOR = "C2"
+_REVERTED = "change reverted (steps got slower)"
 _COLUMN = re.compile(r"^hetero/(batch_size|compute_time|wait_time)/rank(\d+)$")
 _FIELDS = {"batch_size": "batch_sizes", "compute_time": "compute_times", "wait_time": "wait_times"}
 
@@ -71,8 +73,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
     Each row with a ``hetero/batch_size/rank{k}`` value (logged by
     :class:`~lightning_hetero.HeteroCallback` at a boundary) becomes one entry with
-    ``step``, ``batch_sizes``, ``compute_times``, ``wait_times`` and ``balance``; the
-    ranks come from the column names, and empty cells become NaN.
+    ``step``, ``batch_sizes``, ``compute_times``, ``wait_times``, ``balance``,
+    ``step_time`` (``hetero/step_time``: the measured mean wall time of a step, in seconds)
+    and ``reverted`` (whether the running count ``hetero/reverts`` grew since the previous
+    boundary row: the guard undid a plan change there); the ranks come from the column
+    names, and empty cells become NaN. Logs without the step-time columns (a run without
+    the guard, or an older version) read with ``step_time`` NaN and ``reverted`` False.
 
     Raises:
         ValueError: the file has no ``hetero/`` columns, or no row with a boundary.
@@ -94,6 +100,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
                 " each boundary of a HeteroStrategy run with a CSVLogger attached."
             )
         entries = []
+        reverts = math.nan  # the running count at the previous boundary row with one
         for row in reader:
             values = {field: [math.nan] * ranks for field in _FIELDS.values()}
             for name, (field, rank) in columns.items():
@@ -102,13 +109,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             if not any(math.isfinite(b) for b in values["batch_sizes"]):
                 continue  # a row of other metrics
             step = _float(row.get("step"))
+            count = _float(row.get("hetero/reverts"))
             entries.append(
                 {
                     "step": int(step) if math.isfinite(step) else None,
                     **values,
                     "balance": _float(row.get("hetero/balance")),
+                    "step_time": _float(row.get("hetero/step_time")),
+                    "reverted": math.isfinite(count) and math.isfinite(reverts) and count > reverts,
                 }
             )
+            if math.isfinite(count):
+                reverts = count
     if not entries:
         raise ValueError(f"{path} has hetero/ columns but no row with a boundary's batch sizes.")
     return entries
@@ -152,8 +164,13 @@ def plot_history(
     Panels: (a) each rank's batch size after each boundary; (b) each rank's compute time
     per step (solid) and wait time per step (hatched, waiting for the slower ranks) at the
     first and the last boundary with timings, where the waits should vanish; (c) the
-    balance efficiency ``E`` at each boundary against the 0.95 target; with ``baseline``
-    and ``epoch_s``, (d) the epoch time of both runs against the ideal.
+    balance efficiency ``E`` at each boundary against the 0.95 target (the proxy the
+    re-planner balances) and, on a right-hand axis, the measured step time in seconds (the
+    objective: the entries' ``step_time``, the mean wall time of a synchronous step since
+    the last plan change) with a red ``x`` where the guard reverted the previous plan
+    change because steps got slower (``reverted``); histories without finite step times
+    or reverts (older ones) draw ``E`` alone; with ``baseline`` and ``epoch_s``, (d) the
+    epoch time of both runs against the ideal.
 
     Args:
         history: ``strategy.history`` (a list of boundary dicts), a
@@ -201,7 +218,9 @@ def plot_history(
     _batch_panel(axes["a"], entries, ranks, colors)
     _time_panel(axes["b"], entries, ranks, colors, baseline, boundaries)
     balance = [_float(e.get("balance")) for e in entries]
-    _balance_panel(axes["c"], balance)
+    step_time = [_float(e.get("step_time")) for e in entries]
+    reverted = [_flag(e.get("reverted")) for e in entries]
+    _balance_panel(axes["c"], balance, step_time, reverted)
     speedup = None
     if compare:
         assert baseline is not None and epoch_s is not None
@@ -339,7 +358,7 @@ def _time_panel(
             c = cs[k] * scale if math.isfinite(cs[k]) else 0.0
             w = ws[k] * scale if math.isfinite(ws[k]) else 0.0
             ax.bar(x, c, width * 0.92, color=colors[k])
-            ax.bar(
+            (stacked,) = ax.bar(
                 x,
                 w,
                 width * 0.92,
@@ -350,6 +369,9 @@ def _time_panel(
                 edgecolor=colors[k],
                 lw=0.8,
             )
+            # its bottom is no baseline: sticky there, an empty wait bar on the tallest
+            # compute bar would keep the margin above from showing its top
+            stacked.sticky_edges.y.clear()
     ax.set_xticks(range(len(groups)), [label for label, _, _ in groups])
     ax.set_ylabel(f"seconds per step ({unit})" if unit == "s" else f"time per step ({unit})")
     ax.grid(axis="y", alpha=0.3)
@@ -365,7 +387,16 @@ def _time_panel(
     ax.margins(y=0.12)
 
 
-def _balance_panel(ax: "Axes", balance: list[float]) -> None:
+def _flag(value: Any) -> bool:
+    """A history's ``reverted``: true for ``True`` and non-zero numbers, not for NaN or None."""
+    if isinstance(value, float) and math.isnan(value):
+        return False
+    return bool(value)
+
+
+def _balance_panel(
+    ax: "Axes", balance: list[float], step_time: list[float], reverted: list[bool]
+) -> None:
     x = list(range(1, len(balance) + 1))
     ax.plot(x, balance, color="C0", lw=2.2, marker="o", label="balance efficiency E")
     ax.axhline(TARGET_BALANCE, color="C3", ls="--", lw=1.5, label=f"target {TARGET_BALANCE}")
@@ -392,17 +423,71 @@ def _balance_panel(ax: "Axes", balance: list[float]) -> None:
             color="0.4",
         )
     low = min([*known, TARGET_BALANCE])
-    ax.set_ylim(max(0.0, low - 0.1), 1.02)
+    ax.set_ylim(max(0.0, low - 0.1), 1.05)  # room for the label of an E of 1.00
     ax.set_xlim(0.5, len(balance) + 0.5)
     ax.set_xticks(x if len(x) <= 20 else x[:: max(1, len(x) // 10)])
-    ax.set_title(
-        "(c) Balance efficiency E = ideal step time / slowest rank's (1 = nobody waits)",
-        loc="left",
-    )
+    title = "(c) Balance efficiency E = ideal step time / slowest rank's (1 = nobody waits)"
     ax.set_xlabel("boundary")
     ax.set_ylabel("E")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=9)
+    timed = [(i, t) for i, t in zip(x, step_time) if math.isfinite(t)]
+    if not timed and not any(reverted):
+        ax.set_title(title, loc="left")
+        ax.legend(loc="lower right", fontsize=9)
+        return
+    legend_ax = ax
+    undone: list[tuple[int, float]] = []
+    if timed:
+        # the objective next to the proxy: the measured step time, on its own axis
+        twin = ax.twinx()
+        twin.plot(
+            x,
+            step_time,
+            color=_STEP_TIME_COLOR,
+            lw=2.0,
+            marker="s",
+            ms=5,
+            label="measured step time (s)",
+        )
+        undone = [(i, t) for (i, t) in timed if reverted[i - 1]]
+        if undone:
+            twin.plot(
+                [i for i, _ in undone],
+                [t for _, t in undone],
+                ls="none",
+                marker="x",
+                ms=13,
+                mew=3,
+                color="C3",
+                zorder=5,
+                label=_REVERTED,
+            )
+        low, high = min(t for _, t in timed), max(t for _, t in timed)
+        pad = max(high - low, 0.05 * high, 1e-9)
+        twin.set_ylim(max(0.0, low - 0.25 * pad), high + 0.25 * pad)
+        twin.set_ylabel("measured step time (s)", color=_STEP_TIME_COLOR)
+        twin.tick_params(axis="y", colors=_STEP_TIME_COLOR)
+        title += "\nright axis: measured step time per synchronous step (s, lower is better)"
+        legend_ax = twin
+    # reverts at boundaries without a step time: a line across the panel instead
+    untimed = [i for i, r in zip(x, reverted) if r and not math.isfinite(step_time[i - 1])]
+    for n, i in enumerate(untimed):
+        ax.axvline(i, color="C3", ls=":", lw=2.0, label=None if n or undone else _REVERTED)
+    ax.set_title(title, loc="left")
+    handles, labels = ax.get_legend_handles_labels()
+    if legend_ax is not ax:
+        more = legend_ax.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    # outside the plot, under it: the two lines may run anywhere inside
+    legend_ax.legend(
+        handles,
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncols=len(handles),
+        fontsize=9,
+        frameon=False,
+    )
 
 
 def _epoch_panel(ax: "Axes", baseline: Mapping[str, Any], epoch_s: float) -> float:

@@ -12,8 +12,6 @@ import math
 import socket
 import time
 import warnings
-import zlib
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, fields
 from statistics import fmean
@@ -35,7 +33,7 @@ from lightning_hetero.planning import (
 )
 from lightning_hetero.planning.base import Deadband, check_deadband
 from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
-from lightning_hetero.planning.split import is_count
+from lightning_hetero.planning.split import is_count, plan_checksum
 from lightning_hetero.resources import ResourceMeter
 
 __all__ = ["RankReport", "ReplanHost", "Replanner", "check_replan_options"]
@@ -98,12 +96,6 @@ class RankReport:
 
 #: The type of each field of a report, in order (a row holds them all as floats).
 _FIELD_KINDS = tuple(int if f.type in (int, "int") else float for f in fields(RankReport))
-
-
-def plan_checksum(plan: Sequence[int]) -> int:
-    """A number that tells plans apart: CRC-32 of the sizes as 64-bit integers (the same on
-    every machine, and exact in a float64 row)."""
-    return zlib.crc32(array("q", plan).tobytes())
 
 
 class ReplanHost(Protocol):

@@ -18,7 +18,7 @@ def test_compute_runs_until_gradients_are_ready_and_wait_until_backward_ends():
     timer.start(batch_size=16)
     timer.grads_ready()
     timer.backward_done()
-    assert timer.collect() == [(16, 2.5, 0.5, False)]
+    assert timer.collect() == [(16, 2.5, 0.5, False, 0)]
     assert timer.collect() == []
 
 
@@ -26,7 +26,7 @@ def test_step_without_hook_call_counts_as_all_compute():
     timer = FakeClockTimer([1.0, 4.0])
     timer.start(batch_size=8)
     timer.backward_done()
-    assert timer.collect() == [(8, 3.0, 0.0, False)]
+    assert timer.collect() == [(8, 3.0, 0.0, False, 0)]
 
 
 def test_backward_without_a_started_step_records_nothing():
@@ -44,7 +44,7 @@ def test_every_backward_and_the_optimizer_step_are_timed_and_only_all_reduces_wa
     timer.grads_ready()  # 3.5: the second backward took 2.0 of compute
     timer.backward_done()  # 4.0: waited 0.5
     timer.step_done()  # 4.25
-    assert timer.collect() == [(4, 3.25, 1.0, False)]
+    assert timer.collect() == [(4, 3.25, 1.0, False, 0)]
 
 
 def test_a_step_after_the_first_runs_from_the_previous_steps_end_so_loading_is_its_cost():
@@ -56,7 +56,7 @@ def test_a_step_after_the_first_runs_from_the_previous_steps_end_so_loading_is_i
     timer.start(batch_size=8)  # 4.0, not read: the cycle began at 1.0
     timer.grads_ready()  # 5.0
     timer.backward_done()  # 5.5: waited 0.5 for the other ranks
-    assert timer.collect() == [(8, 1.0, 0.0, False), (8, 4.0, 0.5, True)]
+    assert timer.collect() == [(8, 1.0, 0.0, False, 0), (8, 4.0, 0.5, True, 0)]
 
 
 def test_waits_after_a_steps_end_belong_to_the_next_cycle():
@@ -70,7 +70,7 @@ def test_waits_after_a_steps_end_belong_to_the_next_cycle():
         pass
     timer.start(batch_size=2)  # not read: the next cycle began at 3.0
     timer.step_done()  # 12.0
-    assert timer.collect() == [(2, 2.0, 1.0, False), (2, 8.5, 0.5, True)]
+    assert timer.collect() == [(2, 2.0, 1.0, False, 0), (2, 8.5, 0.5, True, 0)]
 
 
 def test_a_break_makes_the_next_step_start_at_its_batch():
@@ -83,7 +83,7 @@ def test_a_break_makes_the_next_step_start_at_its_batch():
         pass
     timer.start(batch_size=3)  # 7.0
     timer.step_done()  # 7.5
-    assert timer.collect() == [(3, 1.0, 0.0, False), (3, 0.5, 0.0, False)]
+    assert timer.collect() == [(3, 1.0, 0.0, False, 0), (3, 0.5, 0.0, False, 0)]
 
 
 def test_a_step_is_closed_by_the_next_start_and_unmarked_steps_record_nothing():
@@ -93,7 +93,7 @@ def test_a_step_is_closed_by_the_next_start_and_unmarked_steps_record_nothing():
     timer.start(batch_size=5)  # the cycle began at 1.0: the clock is not read
     timer.start(batch_size=6)  # 5.0: the second had no backward, so no cycle to continue
     timer.finish()
-    assert timer.collect() == [(3, 1.0, 0.0, False)]
+    assert timer.collect() == [(3, 1.0, 0.0, False, 0)]
 
 
 def test_marks_outside_a_step_are_ignored():
@@ -118,5 +118,5 @@ def test_cuda_events_measure_device_work():
     for _ in range(10):  # work after the backward, e.g. the optimizer step
         x = x @ x / 4096
     timer.step_done()
-    ((batch_size, compute_s, wait_s, _),) = timer.collect(synchronize=True)
+    ((batch_size, compute_s, wait_s, *_),) = timer.collect(synchronize=True)
     assert batch_size == 1 and compute_s > 0 and wait_s >= 0

@@ -65,7 +65,7 @@ class _Keep(Controller):
 
 def _timed(host: _Host, batch_size: int, steps: int, seconds: float) -> None:
     for _ in range(steps):
-        host.timer._pending.append((batch_size, 0.0, seconds, (), 0.0, True))
+        host.timer._pending.append((batch_size, 0.0, seconds, (), 0.0, True, 0))
 
 
 def _end_epoch(replanner: Replanner, steps: int) -> None:

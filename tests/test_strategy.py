@@ -214,7 +214,7 @@ class _BadTimings(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         timer = trainer.strategy.timer
         timer.finish()  # close this step: pending as (batch_size, start, end, wait segments)
-        timer._pending = [(b, 0.0, self.value, (), 0.0, True) for b, *_ in timer._pending]
+        timer._pending = [(b, 0.0, self.value, (), 0.0, True, 0) for b, *_ in timer._pending]
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ def replan_s(controller: str, world_size: int, repeats: int = 7) -> list[float]:
     for _ in range(repeats):
         host = _host(world_size)
         replanner = Replanner(host, make_controller(controller), smoothing=0.0, adjust_every=1)
-        host.timer._pending.append((_PER_RANK, 0.0, 0.01, (), 0.0, True))
+        host.timer._pending.append((_PER_RANK, 0.0, 0.01, (), 0.0, True, 0))
         start = time.perf_counter()
         replanner.boundary(0, 1)
         times.append(time.perf_counter() - start)

@@ -19,6 +19,7 @@ from lightning_hetero._comm import HostStepTimer
 from lightning_hetero.collectives import Collectives
 from lightning_hetero.plan_state import PlanState
 from lightning_hetero.planning import Controller, check_merge_options
+from lightning_hetero.planning.split import plan_checksum
 from lightning_hetero.planning.dual import DualBatchController
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
@@ -221,9 +222,17 @@ class Mode:
         if layout is not None:
             self.share = layout[:2]
         if layout is not None and layout[2]:
-            timer.start(layout[0])
+            timer.start(layout[0], self._plan_key(batch_idx))
         else:  # an untimed step: the next one's cycle must not hold it
             timer.break_cycle()
+
+    def _plan_key(self, batch_idx: int) -> int:
+        """The checksum of the plan step ``batch_idx`` runs under (its step time is that
+        plan's)."""
+        sampler = self.sampler
+        if not isinstance(sampler, GlobalBatchSampler):
+            return 0
+        return plan_checksum(sampler.plan_at(min(batch_idx, len(sampler) - 1)))
 
     def backward(
         self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]

@@ -75,7 +75,11 @@ class StepTimeGuard:
     """
 
     def __init__(
-        self, z: float = 2.0, tolerance: float = 0.005, shrink: float = 0.5, min_fraction: float = 0.2
+        self,
+        z: float = 2.0,
+        tolerance: float = 0.005,
+        shrink: float = 0.5,
+        min_fraction: float = 0.2,
     ) -> None:
         if z < 0 or tolerance < 0:
             raise ValueError(f"`z` and `tolerance` must be >= 0, got {z} and {tolerance}.")

@@ -224,8 +224,10 @@ def _floor(slow: bool) -> Scenario:
     floored = [SimulatedWorker(0.02, floor_s=1.5)] * 2
     workers = [SimulatedWorker(0.01), *floored, last]
     name = "floor-slow" if slow else "floor"
-    what = "1 and 2 never faster than 1.5 s per step, 40 ms per sample on 3" if slow else (
-        "1-3 never faster than 1.5 s per step"
+    what = (
+        "1 and 2 never faster than 1.5 s per step, 40 ms per sample on 3"
+        if slow
+        else ("1-3 never faster than 1.5 s per step")
     )
     return Scenario(
         name,

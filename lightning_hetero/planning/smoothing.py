@@ -43,7 +43,9 @@ class TimingSmoother:
 
     Besides the average it keeps, over the same steps, how noisy they are
     (:attr:`compute_se`) and the plain mean of the whole step, compute plus waiting
-    (:attr:`step_s`, the synchronous step time in lock-step modes) with its standard error.
+    (:attr:`step_s`, the synchronous step time in lock-step modes) with its standard error,
+    over the steps of the latest ``plan`` only: another rank's change makes this rank's
+    steps longer or shorter at the same batch size.
 
     Example:
         >>> s = TimingSmoother(smoothing=0.5)
@@ -59,6 +61,7 @@ class TimingSmoother:
     wait_s: float = nan
     steps: int = 0
     full_steps: int = 0
+    plan: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.smoothing < 1.0:
@@ -72,12 +75,17 @@ class TimingSmoother:
         self.steps = self.full_steps = 0
         self._compute, self._step = _Moments(), _Moments()
 
-    def update(self, batch_size: int, compute_s: float, wait_s: float, full: bool = True) -> None:
-        """Add one step; a different ``batch_size`` restarts the average. ``full``: the step
-        was timed from the previous step's end (its loading included)."""
+    def update(
+        self, batch_size: int, compute_s: float, wait_s: float, full: bool = True, plan: int = 0
+    ) -> None:
+        """Add one step; a different ``batch_size`` restarts the average, a different
+        ``plan`` (a key of the whole plan) the step time. ``full``: the step was timed from
+        the previous step's end (its loading included)."""
         if batch_size != self.batch_size:
             self.reset()
             self.batch_size = batch_size
+        if plan != self.plan:
+            self.plan, self._step = plan, _Moments()
         if not (isfinite(compute_s) and isfinite(wait_s)):
             return
         if not full and self.full_steps:

@@ -5,6 +5,8 @@ to the global batch ``B``. The functions here turn real-valued weights (speeds,
 core counts, FLOPs) into such plans and check plans given by users.
 """
 
+import zlib
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, repeat
@@ -25,6 +27,12 @@ __all__ = [
 
 class PlanError(ValueError):
     """A plan or a planning request that cannot be satisfied."""
+
+
+def plan_checksum(plan: Sequence[int]) -> int:
+    """A number that tells plans apart: CRC-32 of the sizes as 64-bit integers (the same on
+    every machine, and exact in a float64 row)."""
+    return zlib.crc32(array("q", plan).tobytes())
 
 
 def is_count(value: Any, least: int = 1) -> bool:

@@ -5,8 +5,10 @@ steady-state efficiency, a ceiling on the boundaries it needs to reach efficienc
 after each speed change (``NEVER``: documented not to get there within the run), and a
 range of plan changes. The numbers were measured over seeds 0-9 and carry margins, so a
 cell fails on a real change of behaviour rather than on the seed. (On "noisy", 10% timing
-noise now and then fakes a throughput drop and a false learned maximum for the
-proportional controller: seed 19 ends at efficiency 0.91, or 0.79 with Eq. 8.)
+noise now and then fakes a throughput drop twice in a row, and the proportional controller
+caps a rank below its share until the cap is re-tested 10 boundaries later: seeds 16, 17
+and 19 of 0-19; seed 17 ends at efficiency 0.938, or 0.943 with Eq. 8, just under the
+cells' 0.94, and seed 19 at 0.96.)
 
 To add a controller: one entry in ``FACTORIES`` and one ``EXPECTED`` line per scenario; to
 add a scenario, one ``EXPECTED`` line per controller.
@@ -76,9 +78,10 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("proportional", "steps"): Expected(0.97, 1, (4, 6)),
     ("proportional", "noisy"): Expected(0.94, 4, (2, 16)),
     ("proportional", "gpu"): Expected(0.96, 1, (1, 3)),
-    # the learned-maximum rule pins the capped rank at 64 (its size before it slowed), under
-    # its cap of 96 where the optimum runs it
-    ("proportional", "memory"): Expected(0.75, NEVER, (2, 4)),
+    # the learned-maximum rule caps the rank at 64 (its size before it slowed, under its cap
+    # of 96 where the optimum runs it) once the second collapse past its cap confirms the
+    # drop, and re-tests the cap every 10 boundaries: two more collapses each time
+    ("proportional", "memory"): Expected(0.55, NEVER, (12, 16)),
     # paper 002 Eq. 8: the equal shift over- and under-corrects in turn before settling
     ("omnilearn", "HL2"): Expected(0.96, 1, (1, 2)),
     ("omnilearn", "HL4"): Expected(0.96, 4, (2, 5)),
@@ -86,7 +89,7 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("omnilearn", "steps"): Expected(0.96, 14, (10, 20)),
     ("omnilearn", "noisy"): Expected(0.94, 9, (2, 24)),
     ("omnilearn", "gpu"): Expected(0.96, 3, (1, 4)),
-    ("omnilearn", "memory"): Expected(0.70, NEVER, (3, 5)),
+    ("omnilearn", "memory"): Expected(0.48, NEVER, (13, 18)),
     # 5 samples per 5 boundaries, then 1 per 20: runs stretched to let it get there
     ("stepwise", "HL2"): Expected(0.97, 25, (7, 12), stretch=4),
     ("stepwise", "HL4"): Expected(0.96, 70, (12, 18), stretch=4),
@@ -116,8 +119,8 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("updates-deadband", "gpu"): Expected(0.96, 6, (3, 8)),
     ("updates-deadband", "memory"): Expected(0.94, 4, (2, 9)),
     # co-located jobs come and go (traces.py): nobody foresees a job that starts next interval
-    ("proportional", "resources"): Expected(0.60, 8, (15, 40)),
-    ("omnilearn", "resources"): Expected(0.65, 60, (10, 30)),
+    ("proportional", "resources"): Expected(0.75, 25, (65, 95)),
+    ("omnilearn", "resources"): Expected(0.75, 35, (65, 95)),
     ("stepwise", "resources"): Expected(0.55, NEVER, (2, 8)),
     ("updates", "resources"): Expected(0.75, 8, (90, 100)),
     ("updates-deadband", "resources"): Expected(0.75, 8, (75, 100)),
@@ -195,6 +198,76 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("model", "HL8-fixed"): Expected(0.96, 2, (2, 3)),
     ("model", "steps-fixed"): Expected(0.98, 2, (7, 9)),
     ("model", "gpu-flat"): Expected(0.97, 3, (3, 4)),
+    # equal per-sample loading on the training thread plus a fixed cost per step, on HL4
+    # devices: the step times include the loading, so nobody floods the fast worker; the
+    # one-shot proportional split stops about 2% short of the optimum
+    ("proportional", "loader"): Expected(0.96, 1, (1, 3)),
+    ("omnilearn", "loader"): Expected(0.95, 1, (1, 2)),
+    ("stepwise", "loader"): Expected(0.95, 45, (9, 13), stretch=4),
+    ("updates", "loader"): Expected(0.97, 5, (5, 14)),
+    ("updates-deadband", "loader"): Expected(0.94, 5, (3, 7)),
+    ("lbbsp", "loader"): Expected(0.94, 1, (1, 2)),
+    ("lbbsp-last", "loader"): Expected(0.96, 1, (1, 3)),
+    ("model", "loader"): Expected(0.96, 1, (1, 2)),
+    # per-step floors: the uniform start is already optimal ("floor") or one split away
+    # ("floor-slow"); the floored workers look slow per sample, so the proportional rules
+    # move samples onto worker 0, but the fixed point is where it reaches the 1.5 s floor:
+    # no controller overshoots it in the simulator (stepwise, stretched, drifts 2% past)
+    ("proportional", "floor"): Expected(0.98, 0, (2, 5)),
+    ("omnilearn", "floor"): Expected(0.98, 0, (2, 4)),
+    ("stepwise", "floor"): Expected(0.98, 0, (5, 7)),
+    ("updates", "floor"): Expected(0.98, 0, (14, 20)),
+    ("updates-deadband", "floor"): Expected(0.98, 0, (8, 13)),
+    ("lbbsp", "floor"): Expected(0.98, 0, (3, 6)),
+    ("lbbsp-last", "floor"): Expected(0.98, 0, (2, 5)),
+    ("model", "floor"): Expected(0.98, 0, (1, 3)),
+    ("proportional", "floor-slow"): Expected(0.98, 1, (3, 6)),
+    ("omnilearn", "floor-slow"): Expected(0.98, 1, (3, 5)),
+    ("stepwise", "floor-slow"): Expected(0.96, 30, (16, 20), stretch=4),
+    ("updates", "floor-slow"): Expected(0.98, 2, (15, 22)),
+    ("updates-deadband", "floor-slow"): Expected(0.98, 2, (9, 14)),
+    ("lbbsp", "floor-slow"): Expected(0.98, 1, (3, 6)),
+    ("lbbsp-last", "floor-slow"): Expected(0.98, 1, (3, 6)),
+    ("model", "floor-slow"): Expected(0.98, 1, (1, 3)),
+    # HeteroStrategy's defaults: a dead-band that follows the measured timing noise (at
+    # least 1%), and a StepTimeGuard that checks every change against the mean step time
+    # and reverts it when steps got slower by more than 2 standard errors + 0.5%; after a
+    # revert, steps shrink by half. The narrower dead-band gets within 1% of the optimum
+    # for a few more plan changes (reverts count); on "memory" a collapse past the cap is
+    # undone after one boundary and re-tried at half the step
+    ("proportional-auto", "HL2"): Expected(0.98, 1, (2, 12)),
+    ("proportional-auto", "HL4"): Expected(0.97, 1, (1, 8)),
+    ("proportional-auto", "HL8"): Expected(0.97, 1, (1, 8)),
+    ("proportional-auto", "steps"): Expected(0.98, 2, (6, 20)),
+    ("proportional-auto", "noisy"): Expected(0.93, 8, (1, 10)),
+    ("proportional-auto", "gpu"): Expected(0.98, 1, (1, 12)),
+    ("proportional-auto", "memory"): Expected(0.62, NEVER, (10, 18)),
+    ("proportional-auto", "resources"): Expected(0.74, 15, (65, 100)),
+    ("proportional-auto", "HL2-fixed"): Expected(0.98, 1, (1, 12)),
+    ("proportional-auto", "HL4-fixed"): Expected(0.97, 2, (3, 10)),
+    ("proportional-auto", "HL8-fixed"): Expected(0.98, 4, (5, 11)),
+    ("proportional-auto", "steps-fixed"): Expected(0.97, 4, (17, 28)),
+    ("proportional-auto", "gpu-flat"): Expected(0.97, 2, (2, 10)),
+    ("proportional-auto", "loader"): Expected(0.97, 1, (1, 10)),
+    ("proportional-auto", "floor"): Expected(0.97, 0, (5, 11)),
+    ("proportional-auto", "floor-slow"): Expected(0.97, 1, (7, 15)),
+    ("model-auto", "HL2"): Expected(0.98, 1, (1, 5)),
+    ("model-auto", "HL4"): Expected(0.97, 1, (1, 4)),
+    ("model-auto", "HL8"): Expected(0.97, 1, (1, 3)),
+    ("model-auto", "steps"): Expected(0.98, 1, (4, 10)),
+    ("model-auto", "noisy"): Expected(0.93, 11, (1, 7)),
+    ("model-auto", "gpu"): Expected(0.98, 1, (1, 5)),
+    ("model-auto", "memory"): Expected(0.98, 6, (6, 13)),
+    # worse than "model" here (seed 0: 0.75 and 43 boundaries to 0.95, against 0.79 and 15)
+    ("model-auto", "resources"): Expected(0.70, 50, (65, 100)),
+    ("model-auto", "HL2-fixed"): Expected(0.97, 1, (1, 6)),
+    ("model-auto", "HL4-fixed"): Expected(0.97, 2, (1, 5)),
+    ("model-auto", "HL8-fixed"): Expected(0.97, 2, (1, 6)),
+    ("model-auto", "steps-fixed"): Expected(0.98, 3, (7, 16)),
+    ("model-auto", "gpu-flat"): Expected(0.96, 3, (2, 8)),
+    ("model-auto", "loader"): Expected(0.98, 1, (1, 4)),
+    ("model-auto", "floor"): Expected(0.98, 0, (5, 14)),
+    ("model-auto", "floor-slow"): Expected(0.97, 1, (4, 12)),
 }
 # fmt: on
 

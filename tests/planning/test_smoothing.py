@@ -140,3 +140,11 @@ def test_the_compute_noise_is_its_standard_deviation_over_the_steps_the_average_
     std = 0.5477225575051661  # of 1, 2, 1, 2, 1, 2
     assert abs(s.compute_se - std / 3**0.5) < 1e-12
     assert math.isnan(TimingSmoother().compute_se)
+
+
+def test_another_plan_restarts_the_step_time_but_not_the_average_of_an_unchanged_batch():
+    s = TimingSmoother(smoothing=0.0)
+    for _ in range(3):
+        s.update(8, 1.0, 1.0, plan=1)
+    s.update(8, 1.0, 0.2, plan=2)  # the other ranks' change: shorter waits at the same size
+    assert s.step_s == 1.2 and s.steps == 4
