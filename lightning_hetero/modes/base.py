@@ -19,8 +19,8 @@ from lightning_hetero._comm import HostStepTimer
 from lightning_hetero.collectives import Collectives
 from lightning_hetero.plan_state import PlanState
 from lightning_hetero.planning import Controller, check_merge_options
-from lightning_hetero.planning.split import plan_checksum
 from lightning_hetero.planning.dual import DualBatchController
+from lightning_hetero.planning.split import plan_checksum
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
 __all__ = ["Host", "Mode", "ModeOptions", "Replan", "TimeProbe"]
