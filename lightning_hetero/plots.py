@@ -220,7 +220,7 @@ def plot_history(
     balance = [_float(e.get("balance")) for e in entries]
     step_time = [_float(e.get("step_time")) for e in entries]
     reverted = [_flag(e.get("reverted")) for e in entries]
-    _balance_panel(axes["c"], balance, step_time, reverted)
+    _balance_panel(axes["c"], balance, step_time, reverted, wide=not compare)
     speedup = None
     if compare:
         assert baseline is not None and epoch_s is not None
@@ -395,8 +395,17 @@ def _flag(value: Any) -> bool:
 
 
 def _balance_panel(
-    ax: "Axes", balance: list[float], step_time: list[float], reverted: list[bool]
+    ax: "Axes",
+    balance: list[float],
+    step_time: list[float],
+    reverted: list[bool],
+    *,
+    wide: bool = True,
 ) -> None:
+    """Panel (c): ``E`` per boundary; with step times or reverts, those as well.
+
+    ``wide``: the panel spans the figure (no panel (d)), room for a legend in one row.
+    """
     x = list(range(1, len(balance) + 1))
     ax.plot(x, balance, color="C0", lw=2.2, marker="o", label="balance efficiency E")
     ax.axhline(TARGET_BALANCE, color="C3", ls="--", lw=1.5, label=f"target {TARGET_BALANCE}")
@@ -484,7 +493,7 @@ def _balance_panel(
         labels,
         loc="upper center",
         bbox_to_anchor=(0.5, -0.16),
-        ncols=len(handles),
+        ncols=len(handles) if wide else 2,
         fontsize=9,
         frameon=False,
     )

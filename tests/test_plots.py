@@ -46,9 +46,32 @@ def _history():
     return [_entry(plans[i], plans[i + 1], i) for i in range(len(plans) - 1)]
 
 
+def _timed_history():
+    """Six boundaries on 4 ranks with measured step times; the guard undoes boundary 4's."""
+    plans = [[32] * 4, [24, 24, 16, 64], [22, 22, 14, 70], [21, 21, 13, 73], [22, 22, 14, 70],
+             [22, 22, 14, 70], [22, 22, 14, 70]]  # fmt: skip
+    history = [_entry(plans[i], plans[i + 1], i) for i in range(6)]
+    for entry, step_time in zip(history, [0.262, 0.205, 0.176, 0.188, 0.174, 0.173]):
+        entry.update(step_time=step_time, reverted=False)
+    history[3]["reverted"] = True
+    return history
+
+
 def _axes(fig):
     """The figure's panels by their letter: '(a) ...' -> 'a'."""
     return {ax.get_title(loc="left")[1]: ax for ax in fig.axes if ax.get_title(loc="left")}
+
+
+def _twins(fig, ax):
+    """The other axes sharing ``ax``'s x axis: a right-hand axis drawn with ``twinx``."""
+    shared = ax.get_shared_x_axes()
+    return [other for other in fig.axes if other is not ax and shared.joined(ax, other)]
+
+
+def _legend_of(fig, ax):
+    """The legend texts drawn for panel ``ax``, on it or on its twin."""
+    legends = [a.get_legend() for a in [ax, *_twins(fig, ax)] if a.get_legend() is not None]
+    return [t.get_text() for legend in legends for t in legend.get_texts()]
 
 
 def _is_png(path, at_least=10_000):
@@ -78,6 +101,65 @@ def test_a_history_draws_batch_sizes_times_and_balance(tmp_path):
     assert list(balance.get_ydata()) == pytest.approx([e["balance"] for e in _history()])
     assert list(target.get_ydata()) == [0.95, 0.95]
     assert "balance efficiency 0.50 \u2192 1.00 over 3 boundaries" in fig._suptitle.get_text()
+    # a history without step times or reverts (an older one): E alone, as before
+    assert len(fig.axes) == 3 and not _twins(fig, panels["c"])
+    assert "right axis" not in panels["c"].get_title(loc="left")
+    assert _legend_of(fig, panels["c"]) == ["balance efficiency E", "target 0.95"]
+
+
+def test_measured_step_times_and_reverts_join_the_balance_panel(tmp_path):
+    path = tmp_path / "timed.png"
+    history = _timed_history()
+    fig = plot_history(history, path)
+    assert _is_png(path)
+    panels = _axes(fig)
+    balance, target = panels["c"].get_lines()  # E keeps its own axis
+    assert list(balance.get_ydata()) == pytest.approx([e["balance"] for e in history])
+    (twin,) = _twins(fig, panels["c"])
+    assert twin.get_ylabel() == "measured step time (s)"
+    step_time, undone = twin.get_lines()
+    assert list(step_time.get_xdata()) == [1, 2, 3, 4, 5, 6]
+    assert list(step_time.get_ydata()) == pytest.approx([e["step_time"] for e in history])
+    assert step_time.get_color() != balance.get_color()
+    # one marker, at the boundary whose change was undone, on the step-time line
+    assert list(undone.get_xdata()) == [4] and list(undone.get_ydata()) == [0.188]
+    assert undone.get_marker() == "x" and undone.get_linestyle() == "None"
+    lo, hi = twin.get_ylim()
+    assert lo <= 0.173 and hi >= 0.262  # every step time inside the right axis
+    assert "right axis: measured step time" in panels["c"].get_title(loc="left")
+    assert _legend_of(fig, panels["c"]) == [
+        "balance efficiency E",
+        "target 0.95",
+        "measured step time (s)",
+        "change reverted (steps got slower)",
+    ]
+    # beside panel (d) too; and without a revert: the line, no marker
+    ddp = {"compute_times": history[0]["compute_times"], "epoch_s": 4.0}
+    fig = plot_history(history, baseline=ddp, epoch_s=2.6)
+    assert sorted(_axes(fig)) == ["a", "b", "c", "d"]
+    assert [len(t.get_lines()) for t in _twins(fig, _axes(fig)["c"])] == [2]
+    for entry in history:
+        entry["reverted"] = False
+    fig = plot_history(history)
+    (twin,) = _twins(fig, _axes(fig)["c"])
+    assert len(twin.get_lines()) == 1
+    assert "change reverted (steps got slower)" not in _legend_of(fig, _axes(fig)["c"])
+
+
+def test_step_times_that_are_unknown_draw_no_right_axis_but_a_revert_still_shows():
+    history = _timed_history()
+    for entry in history:
+        entry["step_time"] = math.nan
+    fig = plot_history(history)
+    panels = _axes(fig)
+    assert not _twins(fig, panels["c"])
+    balance, target, undone = panels["c"].get_lines()  # a line across the panel instead
+    assert list(undone.get_xdata()) == [4, 4]
+    assert "change reverted (steps got slower)" in _legend_of(fig, panels["c"])
+    # NaN step times and no revert at all: as before
+    history[3]["reverted"] = math.nan
+    fig = plot_history(history)
+    assert not _twins(fig, _axes(fig)["c"]) and len(_axes(fig)["c"].get_lines()) == 2
 
 
 def test_a_baseline_adds_its_bars_and_the_epoch_time_panel(tmp_path):
@@ -143,6 +225,41 @@ def test_nothing_to_draw_says_what_is_missing(tmp_path):
         read_metrics(csv)
 
 
+def test_read_metrics_reads_step_times_and_reverts_when_logged(tmp_path):
+    """hetero/step_time per boundary row; a rise of the running hetero/reverts is a revert."""
+    csv = tmp_path / "metrics.csv"
+    head = "epoch,step,loss,hetero/batch_size/rank0,hetero/batch_size/rank1,hetero/balance"
+    rows = [
+        "0,4,0.9,,,,,",  # other metrics, between the boundary rows
+        "0,9,,32,32,0.5,0.262,0",
+        "0,19,,24,40,1.0,0.205,0",
+        "1,29,,22,42,0.91,0.176,0",
+        "1,30,0.7,,,,,",
+        "1,39,,21,43,0.88,0.188,1",
+        "2,49,,22,42,0.91,,1",  # an unknown step time
+        "2,59,,22,42,0.91,0.173,2",
+    ]
+    csv.write_text("\n".join([head + ",hetero/step_time,hetero/reverts", *rows]) + "\n")
+    entries = read_metrics(csv)
+    assert [e["step"] for e in entries] == [9, 19, 29, 39, 49, 59]
+    assert [e["batch_sizes"] for e in entries][3] == [21, 43]
+    times = [e["step_time"] for e in entries]
+    assert times[:4] == [0.262, 0.205, 0.176, 0.188] and math.isnan(times[4])
+    assert times[5] == 0.173 and all(isinstance(t, float) for t in times)
+    assert [e["reverted"] for e in entries] == [False, False, False, True, False, True]
+    fig = plot_history(csv)
+    (twin,) = _twins(fig, _axes(fig)["c"])
+    step_time, undone = twin.get_lines()
+    assert list(undone.get_xdata()) == [4, 6]
+    # an older log without those columns: NaN step times, no reverts, and E alone
+    csv.write_text("\n".join([head, *[r.rsplit(",", 2)[0] for r in rows]]) + "\n")
+    entries = read_metrics(csv)
+    assert len(entries) == 6 and [e["balance"] for e in entries][1] == 1.0
+    assert all(math.isnan(e["step_time"]) and e["reverted"] is False for e in entries)
+    fig = plot_history(csv)
+    assert not _twins(fig, _axes(fig)["c"])
+
+
 class _Regression(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
@@ -192,6 +309,10 @@ def test_a_csv_log_of_a_real_run_reads_as_its_history(logged_run):
         assert read["batch_sizes"] == kept["batch_sizes"] == [8]
         assert read["compute_times"] == pytest.approx(kept["compute_times"])
         assert read["wait_times"] == pytest.approx(kept["wait_times"])
+        # the guard is on (BSP): the step time and the reverts are logged too
+        assert read["step_time"] == pytest.approx(kept["step_time"], nan_ok=True)
+        assert read["reverted"] == kept["reverted"]
+    assert any(math.isfinite(e["step_time"]) for e in entries)
 
 
 def test_a_csv_log_and_the_strategy_draw_the_same(logged_run, tmp_path):

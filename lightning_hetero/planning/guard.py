@@ -43,16 +43,22 @@ class StepTimeGuard:
 
     In lock-step training every rank's step takes the same wall time, and that time is what
     a plan is for. At each boundary the guard gets the plan in force with its measured mean
-    step time and standard error (:meth:`review`). When the plan in force is a change the
-    guard let through at the previous boundary (a *trial*) and steps became slower than
-    under the plan before it by more than ``z`` standard errors of the difference plus
-    ``tolerance`` (relative), it answers with that earlier plan: the change is reverted.
+    step time and standard error (:meth:`review`), and keeps the fastest plan measured so far
+    (:attr:`baseline`). When steps under the plan in force are slower than under the
+    baseline by more than ``z`` standard errors of the difference plus ``tolerance``
+    (relative), it answers with the baseline's plan: the change is reverted. Comparing with
+    the fastest plan, not with the one just before, keeps changes that each look harmless
+    within the noise from adding up to a slower run. When the baseline's own plan is
+    measured again, its new time replaces the old one, so the reference follows a cluster
+    that changes.
+
     A revert is remembered as a smaller step: the next changes move only ``shrink`` of the
     way from the plan in force to what the controller asks (halving again at every further
     revert), and once a step would be below ``min_fraction`` no change is tried at all.
-    That memory is forgotten when a change is kept, or when the step time of the plan in
-    force moves beyond the noise (the cluster changed). So a run is never left slower than
-    the plan it started from, whatever the controller believes.
+    That memory is forgotten when a change is kept as the new fastest, or when the
+    baseline's step time moves beyond the noise (the cluster changed). So a run is never
+    left slower than the fastest plan it has measured, beyond the noise, whatever the
+    controller believes.
 
     Pure: numbers in, plans out; the re-planner and the simulator drive it.
 
@@ -106,25 +112,27 @@ class StepTimeGuard:
 
     def review(self, plan: Sequence[int], step_s: float, step_se: float) -> list[int] | None:
         """The plan in force and its measured step time; returns the plan to go back to when
-        ``plan`` is a trial that made steps slower, else ``None``.
+        steps under ``plan`` are slower than under the fastest plan measured, else ``None``.
 
         Call it only with a step time measured at ``plan`` (finite and positive).
         """
         now = _Measured(list(plan), float(step_s), float(step_se))
-        if self.trial is not None and now.plan == self.trial and self.baseline is not None:
-            self.trial = None
-            if self._slower(now, self.baseline):
-                self.reverts += 1
-                self.fraction *= self.shrink
-                self._reverted_at = self.baseline
-                return list(self.baseline.plan)
-            self.fraction, self._reverted_at = 1.0, None  # kept: a new baseline
-        elif self._reverted_at is not None and (
-            self._slower(now, self._reverted_at) or self._slower(self._reverted_at, now)
-        ):
-            self.fraction, self._reverted_at = 1.0, None  # the cluster changed: try again
-        self.trial = None
-        self.baseline = now
+        best, was_trial, self.trial = self.baseline, self.trial == now.plan, None
+        if best is None or now.plan == best.plan:
+            reverted = self._reverted_at
+            if reverted is not None and (self._slower(now, reverted) or self._slower(reverted, now)):
+                self.fraction, self._reverted_at = 1.0, None  # the cluster changed: try again
+            self.baseline = now  # the reference follows the cluster
+            return None
+        if self._slower(now, best):
+            self.reverts += 1
+            self.fraction *= self.shrink
+            self._reverted_at = best
+            return list(best.plan)
+        if now.step_s < best.step_s:
+            self.baseline = now
+            if was_trial:
+                self.fraction, self._reverted_at = 1.0, None  # a kept change: full steps again
         return None
 
     def propose(self, plan: Sequence[int], target: Sequence[int]) -> list[int]:

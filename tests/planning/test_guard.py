@@ -23,14 +23,24 @@ def test_a_change_that_made_steps_slower_is_reverted_to_the_plan_before_it():
     assert guard.reverts == 1 and guard.fraction == 0.5
 
 
-def test_a_change_within_the_noise_is_kept_and_becomes_the_baseline():
+def test_a_change_within_the_noise_is_kept_but_the_fastest_plan_stays_the_reference():
     guard = StepTimeGuard(z=2.0, tolerance=0.0)
     guard.review([32, 32], 1.00, 0.02)
     guard.propose([32, 32], [40, 24])
     # 1.05 - 1.00 < 2 * sqrt(0.02**2 + 0.02**2) = 0.0566: not slower beyond noise
     assert guard.review([40, 24], 1.05, 0.02) is None
-    assert guard.baseline is not None and guard.baseline.plan == [40, 24]
+    assert guard.baseline is not None and guard.baseline.plan == [32, 32]
     assert guard.reverts == 0
+
+
+def test_changes_each_within_the_noise_cannot_add_up_to_a_slower_run():
+    guard = StepTimeGuard(z=2.0, tolerance=0.0)  # noise band: 2 * sqrt(2) * 0.02 = 0.0566
+    guard.review([32, 32], 1.00, 0.02)
+    guard.propose([32, 32], [36, 28])
+    assert guard.review([36, 28], 1.04, 0.02) is None  # 0.04 behind the fastest: kept
+    guard.propose([36, 28], [40, 24])
+    # 0.04 behind the one before, but 0.08 behind the fastest: back to the fastest
+    assert guard.review([40, 24], 1.08, 0.02) == [32, 32]
 
 
 def test_a_faster_change_is_kept_and_the_next_one_is_checked_against_it():
