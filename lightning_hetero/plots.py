@@ -168,9 +168,10 @@ def plot_history(
     re-planner balances) and, on a right-hand axis, the measured step time in seconds (the
     objective: the entries' ``step_time``, the mean wall time of a synchronous step since
     the last plan change) with a red ``x`` where the guard reverted the previous plan
-    change because steps got slower (``reverted``); histories without finite step times
-    or reverts (older ones) draw ``E`` alone; with ``baseline`` and ``epoch_s``, (d) the
-    epoch time of both runs against the ideal.
+    change because steps got slower (``reverted``; a dotted red line where that boundary's
+    step time is unknown); histories without finite step times or reverts (older ones)
+    draw ``E`` alone; with ``baseline`` and ``epoch_s``, (d) the epoch time of both runs
+    against the ideal.
 
     Args:
         history: ``strategy.history`` (a list of boundary dicts), a

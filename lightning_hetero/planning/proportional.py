@@ -28,6 +28,8 @@ from lightning_hetero.planning.split import (
 __all__ = ["ProportionalController"]
 
 _RENORMALIZATIONS = ("project", "omnilearn")
+#: How much a rank's batch must shrink before the floor rule reads its step time.
+_FLOOR_SHRINK = 0.1
 
 
 def _growth_band(deadband: Deadband) -> float:
@@ -225,7 +227,13 @@ class ProportionalController(LearnedMaximum, Controller):
       size again, still slower than ``1 - throughput_drop`` times its throughput there),
       with a warning naming the rank and the size; one slow boundary (contention, noise)
       binds nothing. A maximum holds for ``relearn_after`` boundaries, then the rank may
-      grow again and the maximum must be confirmed anew (see ``LearnedMaximum``).
+      grow again and the maximum must be confirmed anew (see ``LearnedMaximum``);
+    * **learned floors**: a rank whose batch shrank by more than 10% while its step time
+      fell by less than a third of that has a per-step floor (a device that takes as long
+      for 9 samples as for 64, a fixed cost, a share of a busy GPU): taking samples off it
+      saves nothing, and proportional control, which reads it as slow per sample, would
+      go on emptying it onto the others. Its previous size becomes its minimum, with a
+      warning naming the rank, for ``relearn_after`` boundaries.
 
     **Renormalisation.** ``renormalization="project"`` (the default) is the exact
     bounded proportional split above. ``"omnilearn"`` reproduces paper 002 step by
@@ -246,9 +254,15 @@ class ProportionalController(LearnedMaximum, Controller):
         learn_max_batch_size: apply the learned-maximum rule.
         renormalization: how targets are brought back to the global batch: ``"project"``
             (proportional split within the bounds) or ``"omnilearn"`` (paper 002, Eq. 8).
-        relearn_after: boundaries a learned maximum holds before it is lifted and
-            re-tested (and the most a candidate waits for confirmation), an integer
+        relearn_after: boundaries a learned maximum or floor holds before it is lifted and
+            re-tested (and the most a candidate maximum waits for confirmation), an integer
             ``>= 1``.
+        learn_floor: apply the learned-floor rule.
+
+    Attributes:
+        learned_min: per rank, the minimum a learned floor sets, or ``None``.
+        floor_expires_in: per rank, the boundaries (this one included) for which the learned
+            floor still holds, or ``None``.
 
     Example:
         >>> from lightning_hetero.planning import BatchLimits
@@ -271,6 +285,7 @@ class ProportionalController(LearnedMaximum, Controller):
         learn_max_batch_size: bool = True,
         renormalization: str = "project",
         relearn_after: int = 10,
+        learn_floor: bool = True,
     ) -> None:
         if renormalization not in _RENORMALIZATIONS:
             raise ValueError(
@@ -283,7 +298,10 @@ class ProportionalController(LearnedMaximum, Controller):
         self.throughput_drop = throughput_drop
         self.learn_max_batch_size = learn_max_batch_size
         self.renormalization = renormalization
+        self.learn_floor = learn_floor
         self._init_learned(relearn_after)
+        self.learned_min: list[int | None] = []
+        self.floor_expires_in: list[int | None] = []
 
     def update(
         self,
@@ -294,30 +312,78 @@ class ProportionalController(LearnedMaximum, Controller):
     ) -> list[int]:
         current, compute_s, readings = check_inputs(batch_sizes, compute_s, limits, stats)
         throughput = list(map(truediv, current, compute_s))
+        before = (self.last_batch_sizes, self.last_throughput)
         upper = self._upper_bounds(current, throughput, limits)
+        lower = self._lower_bounds(current, compute_s, before, limits, upper)
 
         if self.renormalization == "omnilearn":
-            target = _omnilearn_split(
-                current, compute_s, limits.global_batch_size, limits.min_batch_size, upper
-            )
+            target = _omnilearn_split(current, compute_s, limits.global_batch_size, lower, upper)
         else:
-            target = proportional_split(
-                throughput, limits.global_batch_size, limits.min_batch_size, upper
-            )
-        out_of_bounds = not (
-            all(map(le, limits.min_batch_size, current)) and all(map(le, current, upper))
-        )
+            target = proportional_split(throughput, limits.global_batch_size, lower, upper)
+        out_of_bounds = not (all(map(le, lower, current)) and all(map(le, current, upper)))
         band = noise_deadband(self.deadband, compute_s, readings)
         # some rank moves by more than the dead-band: |new - old| > band * old
         moves = map(gt, map(abs, map(sub, target, current)), map(mul, repeat(band), current))
         significant = balance_efficiency(current, compute_s) < 1.0 - band and any(moves)
         return target if significant or out_of_bounds else current
 
+    def _lower_bounds(
+        self,
+        current: list[int],
+        compute_s: list[float],
+        before: tuple[list[int], list[float]],
+        limits: BatchLimits,
+        upper: list[int],
+    ) -> list[int]:
+        """Learn floors from ``before`` (the last boundary's sizes and throughputs) and this
+        boundary; return the per-rank lower bounds."""
+        world_size = len(current)
+        if len(self.learned_min) != world_size:
+            self.learned_min = [None] * world_size
+            self.floor_expires_in = [None] * world_size
+        for k, left in enumerate(self.floor_expires_in):
+            if left is not None:
+                left -= 1
+                self.floor_expires_in[k] = left if left > 0 else None
+                if left <= 0:
+                    self.learned_min[k] = None
+        last, last_throughput = before
+        if self.learn_floor and len(last) == world_size and current != last:
+            for k, (b, old) in enumerate(zip(current, last)):
+                if b >= (1.0 - _FLOOR_SHRINK) * old or self.learned_min[k] is not None:
+                    continue
+                old_s = old / last_throughput[k]
+                expected, fell = 1.0 - b / old, 1.0 - compute_s[k] / old_s
+                if fell < expected / 3.0:
+                    self.learned_min[k], self.floor_expires_in[k] = old, self.relearn_after
+                    warnings.warn(
+                        f"Rank {k}'s step time hardly fell when its batch fell from {old} to {b}"
+                        f" ({old_s:.4g} s -> {compute_s[k]:.4g} s): a per-step floor, which"
+                        f" fewer samples do not lower. Keeping at least {old} samples on it"
+                        f" for {self.relearn_after} boundaries (`relearn_after`).",
+                        stacklevel=3,
+                    )
+        lower = [
+            lo if floor is None else max(lo, min(floor, hi))
+            for lo, floor, hi in zip(limits.min_batch_size, self.learned_min, upper)
+        ]
+        if sum(lower) > limits.global_batch_size:
+            self.learned_min = [None] * world_size
+            self.floor_expires_in = [None] * world_size
+            return list(limits.min_batch_size)
+        return lower
+
     def state_dict(self) -> dict[str, Any]:
-        return self._learned_state()
+        return {
+            **self._learned_state(),
+            "learned_min": list(self.learned_min),
+            "floor_expires_in": list(self.floor_expires_in),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_learned_state(state)
+        self.learned_min = list(state.get("learned_min", []))
+        self.floor_expires_in = list(state.get("floor_expires_in", [None] * len(self.learned_min)))
 
 
 def _omnilearn_split(
