@@ -652,3 +652,48 @@ def test_omnilearn_settles_on_the_same_split_as_the_projection(level: str) -> No
     result = run_level(level, boundaries=40, controller=omnilearn(deadband=0.0))
     assert all(abs(b - x) < 1 for b, x in zip(result.plans[-1], ideal_split(level)))
     assert result.balance[-1] > 0.99
+
+
+def test_a_rank_whose_time_did_not_fall_with_its_batch_keeps_its_previous_size() -> None:
+    # rank 1 takes 1.5 s for any batch below 75 samples (a floor); proportional control
+    # reads it as slow and shrinks it, which saves nothing
+    limits = BatchLimits.build(2, 128)
+    ctl = ProportionalController(deadband=0.01)
+    assert ctl.update([64, 64], [0.64, 1.5], limits) == [90, 38]
+    with pytest.warns(UserWarning, match=r"Rank 1.s step time hardly fell.*from 64 to 38"):
+        plan = ctl.update([90, 38], [0.90, 1.5], limits)
+    assert plan == [64, 64] and ctl.learned_min == [None, 64]
+    assert ctl.update([64, 64], [0.64, 1.5], limits) == [64, 64]  # held at its minimum
+
+
+def test_a_rank_whose_time_fell_with_its_batch_learns_no_floor() -> None:
+    limits = BatchLimits.build(2, 128)
+    ctl = ProportionalController(deadband=0.01)
+    ctl.update([64, 64], [0.64, 1.28], limits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ctl.update([85, 43], [0.85, 0.86], limits)
+    assert ctl.learned_min == [None, None]
+
+
+def test_a_learned_floor_expires_after_relearn_after_boundaries_and_travels_in_the_state() -> None:
+    limits = BatchLimits.build(2, 128)
+    ctl = ProportionalController(deadband=0.01, relearn_after=2)
+    ctl.update([64, 64], [0.64, 1.5], limits)
+    with pytest.warns(UserWarning, match="per-step floor"):
+        ctl.update([89, 39], [0.89, 1.5], limits)
+    restored = ProportionalController(deadband=0.01, relearn_after=2)
+    restored.load_state_dict(ctl.state_dict())
+    assert restored.learned_min == [None, 64] and restored.floor_expires_in == [None, 2]
+    restored.update([64, 64], [0.64, 1.5], limits)
+    assert restored.learned_min == [None, 64]
+    restored.update([64, 64], [0.64, 1.5], limits)
+    assert restored.learned_min == [None, None]
+
+
+def test_the_floor_rule_can_be_switched_off() -> None:
+    limits = BatchLimits.build(2, 128)
+    ctl = ProportionalController(deadband=0.01, learn_floor=False)
+    ctl.update([64, 64], [0.64, 1.5], limits)
+    assert ctl.update([89, 39], [0.89, 1.5], limits) != [64, 64]
+    assert ctl.learned_min == [None, None]
