@@ -118,9 +118,13 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("updates-deadband", "noisy"): Expected(0.95, 9, (6, 18)),
     ("updates-deadband", "gpu"): Expected(0.96, 6, (3, 8)),
     ("updates-deadband", "memory"): Expected(0.94, 4, (2, 9)),
-    # co-located jobs come and go (traces.py): nobody foresees a job that starts next interval
-    ("proportional", "resources"): Expected(0.75, 25, (65, 95)),
-    ("omnilearn", "resources"): Expected(0.75, 35, (65, 95)),
+    # co-located jobs come and go (traces.py): nobody foresees a job that starts next interval.
+    # A job that lands on a rank as its batch shrinks reads as a per-step floor, and the
+    # learned floor then holds the rank at its old size for 10 boundaries: the proportional
+    # rules end about 0.07 lower than with learn_floor=False (0.77 against 0.84 mean steady
+    # efficiency over seeds 0-9). Omnilearn's seed 6 never gets back to 0.95 in one phase.
+    ("proportional", "resources"): Expected(0.67, 60, (58, 88)),
+    ("omnilearn", "resources"): Expected(0.65, 60, (62, 92)),
     ("stepwise", "resources"): Expected(0.55, NEVER, (2, 8)),
     ("updates", "resources"): Expected(0.75, 8, (90, 100)),
     ("updates-deadband", "resources"): Expected(0.75, 8, (75, 100)),
@@ -212,17 +216,20 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     # per-step floors: the uniform start is already optimal ("floor") or one split away
     # ("floor-slow"); the floored workers look slow per sample, so the proportional rules
     # move samples onto worker 0, but the fixed point is where it reaches the 1.5 s floor:
-    # no controller overshoots it in the simulator (stepwise, stretched, drifts 2% past)
-    ("proportional", "floor"): Expected(0.98, 0, (2, 5)),
-    ("omnilearn", "floor"): Expected(0.98, 0, (2, 4)),
+    # no controller overshoots it in the simulator (stepwise, stretched, drifts 2% past).
+    # The proportional rules learn the floors and hold those workers at 64, re-tested every
+    # 10 boundaries (more plan changes; with Eq. 8 the fast and the slow worker then trade
+    # a sample back and forth, within the floor's time)
+    ("proportional", "floor"): Expected(0.98, 0, (4, 8)),
+    ("omnilearn", "floor"): Expected(0.98, 0, (4, 8)),
     ("stepwise", "floor"): Expected(0.98, 0, (5, 7)),
     ("updates", "floor"): Expected(0.98, 0, (14, 20)),
     ("updates-deadband", "floor"): Expected(0.98, 0, (8, 13)),
     ("lbbsp", "floor"): Expected(0.98, 0, (3, 6)),
     ("lbbsp-last", "floor"): Expected(0.98, 0, (2, 5)),
     ("model", "floor"): Expected(0.98, 0, (1, 3)),
-    ("proportional", "floor-slow"): Expected(0.98, 1, (3, 6)),
-    ("omnilearn", "floor-slow"): Expected(0.98, 1, (3, 5)),
+    ("proportional", "floor-slow"): Expected(0.98, 1, (4, 8)),
+    ("omnilearn", "floor-slow"): Expected(0.98, 1, (17, 29)),
     ("stepwise", "floor-slow"): Expected(0.96, 30, (16, 20), stretch=4),
     ("updates", "floor-slow"): Expected(0.98, 2, (15, 22)),
     ("updates-deadband", "floor-slow"): Expected(0.98, 2, (9, 14)),
@@ -231,43 +238,49 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("model", "floor-slow"): Expected(0.98, 1, (1, 3)),
     # HeteroStrategy's defaults: a dead-band that follows the measured timing noise (at
     # least 1%), and a StepTimeGuard that checks every change against the mean step time
-    # and reverts it when steps got slower by more than 2 standard errors + 0.5%; after a
-    # revert, steps shrink by half. The narrower dead-band gets within 1% of the optimum
-    # for a few more plan changes (reverts count); on "memory" a collapse past the cap is
-    # undone after one boundary and re-tried at half the step
+    # of the fastest plan measured and reverts it when steps got slower by more than 2
+    # standard errors + 0.5%; after a revert, steps shrink by half. The narrower dead-band
+    # gets within 1% of the optimum for a few more plan changes (reverts count); on
+    # "memory" a collapse past the cap is undone after one boundary and re-tried at half
+    # the step (seed 5 then gets to 0.95).
+    # Known exception: on "steps-fixed" seed 4, a change right after the last speed change
+    # is reverted (slower than the fastest plan measured before the change), and the ranks
+    # that kept their batch carry both speeds in their timing noise, so the "auto"
+    # dead-band sits at its 0.5 ceiling and the plan stays at efficiency 0.37 to the end
     ("proportional-auto", "HL2"): Expected(0.98, 1, (2, 12)),
     ("proportional-auto", "HL4"): Expected(0.97, 1, (1, 8)),
     ("proportional-auto", "HL8"): Expected(0.97, 1, (1, 8)),
     ("proportional-auto", "steps"): Expected(0.98, 2, (6, 20)),
     ("proportional-auto", "noisy"): Expected(0.93, 8, (1, 10)),
     ("proportional-auto", "gpu"): Expected(0.98, 1, (1, 12)),
-    ("proportional-auto", "memory"): Expected(0.62, NEVER, (10, 18)),
-    ("proportional-auto", "resources"): Expected(0.74, 15, (65, 100)),
+    ("proportional-auto", "memory"): Expected(0.70, NEVER, (8, 28)),
+    # learned floors as for "proportional" above; seed 2 never gets back to 0.95 in one phase
+    ("proportional-auto", "resources"): Expected(0.68, 30, (58, 95)),
     ("proportional-auto", "HL2-fixed"): Expected(0.98, 1, (1, 12)),
     ("proportional-auto", "HL4-fixed"): Expected(0.97, 2, (3, 10)),
     ("proportional-auto", "HL8-fixed"): Expected(0.98, 4, (5, 11)),
-    ("proportional-auto", "steps-fixed"): Expected(0.97, 4, (17, 28)),
+    ("proportional-auto", "steps-fixed"): Expected(0.97, 4, (15, 30)),
     ("proportional-auto", "gpu-flat"): Expected(0.97, 2, (2, 10)),
     ("proportional-auto", "loader"): Expected(0.97, 1, (1, 10)),
-    ("proportional-auto", "floor"): Expected(0.97, 0, (5, 11)),
-    ("proportional-auto", "floor-slow"): Expected(0.97, 1, (7, 15)),
+    ("proportional-auto", "floor"): Expected(0.98, 0, (4, 8)),
+    ("proportional-auto", "floor-slow"): Expected(0.98, 1, (11, 23)),
     ("model-auto", "HL2"): Expected(0.98, 1, (1, 5)),
     ("model-auto", "HL4"): Expected(0.97, 1, (1, 4)),
     ("model-auto", "HL8"): Expected(0.97, 1, (1, 3)),
-    ("model-auto", "steps"): Expected(0.98, 1, (4, 10)),
+    ("model-auto", "steps"): Expected(0.98, 8, (4, 12)),
     ("model-auto", "noisy"): Expected(0.93, 11, (1, 7)),
     ("model-auto", "gpu"): Expected(0.98, 1, (1, 5)),
     ("model-auto", "memory"): Expected(0.98, 6, (6, 13)),
-    # worse than "model" here (seed 0: 0.75 and 43 boundaries to 0.95, against 0.79 and 15)
-    ("model-auto", "resources"): Expected(0.70, 50, (65, 100)),
+    # worse than "model" here (seed 0: 0.77 and 43 boundaries to 0.95, against 0.79 and 15)
+    ("model-auto", "resources"): Expected(0.68, 60, (65, 100)),
     ("model-auto", "HL2-fixed"): Expected(0.97, 1, (1, 6)),
     ("model-auto", "HL4-fixed"): Expected(0.97, 2, (1, 5)),
     ("model-auto", "HL8-fixed"): Expected(0.97, 2, (1, 6)),
     ("model-auto", "steps-fixed"): Expected(0.98, 3, (7, 16)),
     ("model-auto", "gpu-flat"): Expected(0.96, 3, (2, 8)),
     ("model-auto", "loader"): Expected(0.98, 1, (1, 4)),
-    ("model-auto", "floor"): Expected(0.98, 0, (5, 14)),
-    ("model-auto", "floor-slow"): Expected(0.97, 1, (4, 12)),
+    ("model-auto", "floor"): Expected(0.98, 0, (5, 20)),
+    ("model-auto", "floor-slow"): Expected(0.97, 1, (4, 15)),
 }
 # fmt: on
 
@@ -308,6 +321,7 @@ def test_matrix_covers_every_controller_on_every_scenario() -> None:
 
 @pytest.mark.filterwarnings("ignore:Rank .* is the straggler")
 @pytest.mark.filterwarnings("ignore:Rank .*'s batch size is capped")
+@pytest.mark.filterwarnings("ignore:Rank .*'s step time hardly fell")
 @pytest.mark.parametrize(
     ("controller", "scenario"), list(EXPECTED), ids=[f"{c}-{s}" for c, s in EXPECTED]
 )
