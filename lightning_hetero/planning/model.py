@@ -10,7 +10,7 @@ is the integer split that minimises the slowest rank's predicted time.
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate
@@ -479,6 +479,9 @@ def _add(
     ]
     for k, curve in knotted.items():
         following[k] = curve(plan[k] + 1) if plan[k] < upper[k] else inf
+    if count > len(plan) - following.count(inf):  # some rank must take several samples
+        _one_by_one(plan, count, time, [(t, k) for k, t in enumerate(following)], +1, upper)
+        return
     chosen = heapq.nsmallest(count, range(len(plan)), key=following.__getitem__)
     cutoff = following[chosen[-1]]
     # The answer is the ``count`` soonest next samples, unless a rank would also finish a
@@ -519,6 +522,9 @@ def _remove(
     last = [c + s * b if b > lo else -inf for c, s, b, lo in zip(intercepts, slopes, plan, lower)]
     for k, curve in knotted.items():
         last[k] = curve(plan[k]) if plan[k] > lower[k] else -inf
+    if count > len(plan) - last.count(-inf):  # some rank must give up several samples
+        _one_by_one(plan, count, time, [(-t, -k) for k, t in enumerate(last)], -1, lower)
+        return
     key = [(t, k) for k, t in enumerate(last)]
     chosen = [k for _, k in heapq.nlargest(count, key)]
     cutoff = last[chosen[-1]]
@@ -541,6 +547,28 @@ def _remove(
         chosen = [k for _, k in candidates[:count]]
     for k in chosen:
         plan[k] -= 1
+
+
+def _one_by_one(
+    plan: list[int],
+    count: int,
+    time: Callable[[int, int], float],
+    heap: list[tuple[float, int]],
+    sign: int,
+    bound: Sequence[int],
+) -> None:
+    """:func:`_add` (``sign=+1``: soonest next sample first, ties to the lower rank) or
+    :func:`_remove` (``sign=-1``: latest last sample first, ties from the higher rank) one
+    sample at a time, for when some rank takes or gives up several. ``heap`` holds
+    ``(t, k)`` for adding and ``(-t, -k)`` for removing, infinite where a bound holds."""
+    heapq.heapify(heap)
+    for _ in range(count):
+        key, rank = heapq.heappop(heap)
+        k = rank if sign > 0 else -rank
+        plan[k] += sign
+        if plan[k] != bound[k]:
+            t = time(k, plan[k] + 1) if sign > 0 else time(k, plan[k])
+            heapq.heappush(heap, (t, k) if sign > 0 else (-t, -k))
 
 
 def _columns(

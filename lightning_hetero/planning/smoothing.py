@@ -66,14 +66,15 @@ class TimingSmoother:
     def __post_init__(self) -> None:
         if not 0.0 <= self.smoothing < 1.0:
             raise ValueError(f"`smoothing` must be in [0, 1), got {self.smoothing}.")
-        self._compute = _Moments()
+        self._compute_var, self._averaged = 0.0, 0  # EW variance of compute, steps in it
         self._step = _Moments()
 
     def reset(self) -> None:
         """Forget all samples."""
         self.batch_size, self.compute_s, self.wait_s = 0, nan, nan
         self.steps = self.full_steps = 0
-        self._compute, self._step = _Moments(), _Moments()
+        self._compute_var, self._averaged = 0.0, 0
+        self._step = _Moments()
 
     def update(
         self, batch_size: int, compute_s: float, wait_s: float, full: bool = True, plan: int = 0
@@ -96,22 +97,30 @@ class TimingSmoother:
         self.full_steps += full
         if self.steps <= 2:  # the first step is replaced by the second
             self.compute_s, self.wait_s = compute_s, wait_s
-            self._compute, self._step = _Moments(), _Moments()
+            self._compute_var, self._averaged = 0.0, 1
+            self._step = _Moments()
         else:
             a = self.smoothing
-            self.compute_s = a * self.compute_s + (1.0 - a) * compute_s
+            change = compute_s - self.compute_s
+            self.compute_s += (1.0 - a) * change
             self.wait_s = a * self.wait_s + (1.0 - a) * wait_s
-        self._compute.add(compute_s)
+            # exponentially weighted variance, with the average's own weights: it forgets a
+            # past speed change as fast as the average does
+            self._compute_var = a * (self._compute_var + (1.0 - a) * change * change)
+            self._averaged += 1
         self._step.add(compute_s + wait_s)
 
     @property
     def compute_se(self) -> float:
-        """Standard error of :attr:`compute_s`: the per-step standard deviation over the
-        square root of the steps the average holds (at most ``(1 + a) / (1 - a)`` for an
-        EWMA of factor ``a``); ``nan`` below two steps."""
+        """Standard error of :attr:`compute_s`: the per-step standard deviation (weighted
+        as the average weighs the steps, so that old readings fade) over the square root of
+        the steps the average holds (at most ``(1 + a) / (1 - a)`` for an EWMA of factor
+        ``a``); ``nan`` below two steps."""
+        if self._averaged < 2:
+            return nan
         a = self.smoothing
-        held = min(self._compute.count, (1.0 + a) / (1.0 - a))
-        return self._compute.std / sqrt(held) if held > 0 else nan
+        held = min(self._averaged, (1.0 + a) / (1.0 - a))
+        return sqrt(self._compute_var / held)
 
     @property
     def step_s(self) -> float:

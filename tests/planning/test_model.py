@@ -517,3 +517,54 @@ def test_a_thousand_ranks_with_fixed_costs_settle_near_the_optimum() -> None:
     efficiency = [optimum / max(sim.true_step_s(plan, 0)) for plan in result.plans]
     assert result.adjustments <= 5
     assert min(efficiency[-3:]) > 0.95 and result.plans[-1] == result.plans[-2]
+
+
+def test_solve_plan_keeps_the_sum_when_a_flat_piece_leaves_a_surplus_larger_than_the_ranks():
+    # a curve with a flat piece (111 -> 118 at the same time) puts 8 samples too many in the
+    # plan at the level, more than there are ranks: some rank must give up several
+    curves = [
+        StepTimeCurve(sizes=(0.0, 88, 98), times=(0.0, 1.2664, 1.9656), slope=0.0699),
+        StepTimeCurve.affine(0.0, 0.038),
+        StepTimeCurve(
+            sizes=(0.0, 27, 36, 41), times=(0.7962, 1.1192, 1.2269, 2.0453), slope=0.1637
+        ),
+        StepTimeCurve(
+            sizes=(0.0, 91, 111, 118, 120),
+            times=(0.0532, 1.0395, 1.2562, 1.2562, 1.9015),
+            slope=0.3226,
+        ),
+    ]
+    limits = BatchLimits.build(4, 256)
+    plan = solve_plan(curves, limits)
+    assert sum(plan) == 256 and limits.admits(plan)
+    assert max(c(b) for c, b in zip(curves, plan)) == pytest.approx(_brute_force(curves, limits))
+
+
+def _brute_force(curves, limits):
+    """The smallest largest step time over every plan (small cases only)."""
+    from itertools import product
+
+    best = math.inf
+    ranges = [range(lo, hi + 1) for lo, hi in zip(limits.min_batch_size, limits.max_batch_size)]
+    for plan in product(*ranges[:-1]):
+        last = limits.global_batch_size - sum(plan)
+        if limits.min_batch_size[-1] <= last <= limits.max_batch_size[-1]:
+            best = min(best, max(c(b) for c, b in zip(curves, (*plan, last))))
+    return best
+
+
+def test_solve_plan_is_optimal_on_small_random_curves_with_flat_pieces():
+    rng = random.Random(3)
+    for _ in range(300):
+        curves = []
+        for _ in range(3):
+            sizes, times, t = [0.0], [rng.uniform(0.0, 1.0)], 0.0
+            for b in sorted(rng.sample(range(1, 12), 3)):
+                t = times[-1] + rng.choice([0.0, 0.0, rng.uniform(0.01, 1.0)])  # flat pieces
+                sizes.append(float(b))
+                times.append(t)
+            curves.append(StepTimeCurve(tuple(sizes), tuple(times), rng.uniform(0.01, 0.5)))
+        limits = BatchLimits.build(3, rng.randint(3, 24), 1, rng.randint(8, 24))
+        plan = solve_plan(curves, limits)
+        assert limits.admits(plan)
+        assert max(c(b) for c, b in zip(curves, plan)) == pytest.approx(_brute_force(curves, limits))
