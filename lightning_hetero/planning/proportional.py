@@ -229,11 +229,15 @@ class ProportionalController(LearnedMaximum, Controller):
       binds nothing. A maximum holds for ``relearn_after`` boundaries, then the rank may
       grow again and the maximum must be confirmed anew (see ``LearnedMaximum``);
     * **learned floors**: a rank whose batch shrank by more than 10% while its step time
-      fell by less than a third of that has a per-step floor (a device that takes as long
-      for 9 samples as for 64, a fixed cost, a share of a busy GPU): taking samples off it
-      saves nothing, and proportional control, which reads it as slow per sample, would
-      go on emptying it onto the others. Its previous size becomes its minimum, with a
-      warning naming the rank, for ``relearn_after`` boundaries.
+      fell by less than a third of that may have a per-step floor (a device that takes as
+      long for 9 samples as for 64, a fixed cost, a share of a busy GPU): taking samples off
+      it saves nothing, and proportional control, which reads it as slow per sample, would
+      go on emptying it onto the others. Contention that arrives as the batch shrinks looks
+      the same once, so the size before the shrink is a candidate; it becomes the rank's
+      minimum, with a warning naming the rank, only if a later boundary finds the rank still
+      at least 10% below that size and still not faster by a third of the difference (the
+      candidate is dropped otherwise, or after ``relearn_after`` boundaries). A minimum
+      holds for ``relearn_after`` boundaries.
 
     **Renormalisation.** ``renormalization="project"`` (the default) is the exact
     bounded proportional split above. ``"omnilearn"`` reproduces paper 002 step by
@@ -263,6 +267,9 @@ class ProportionalController(LearnedMaximum, Controller):
         learned_min: per rank, the minimum a learned floor sets, or ``None``.
         floor_expires_in: per rank, the boundaries (this one included) for which the learned
             floor still holds, or ``None``.
+        floor_candidates: per rank, ``None`` or the floor waiting for confirmation:
+            ``size`` and ``time_s`` (the size before the shrink and its step time) and
+            ``waited`` (boundaries it has waited).
 
     Example:
         >>> from lightning_hetero.planning import BatchLimits
@@ -302,6 +309,7 @@ class ProportionalController(LearnedMaximum, Controller):
         self._init_learned(relearn_after)
         self.learned_min: list[int | None] = []
         self.floor_expires_in: list[int | None] = []
+        self.floor_candidates: list[dict[str, Any] | None] = []
 
     def update(
         self,
@@ -341,28 +349,26 @@ class ProportionalController(LearnedMaximum, Controller):
         if len(self.learned_min) != world_size:
             self.learned_min = [None] * world_size
             self.floor_expires_in = [None] * world_size
+        if len(self.floor_candidates) != world_size:
+            self.floor_candidates = [None] * world_size
         for k, left in enumerate(self.floor_expires_in):
             if left is not None:
                 left -= 1
                 self.floor_expires_in[k] = left if left > 0 else None
                 if left <= 0:
                     self.learned_min[k] = None
-        last, last_throughput = before
-        if self.learn_floor and len(last) == world_size and current != last:
-            for k, (b, old) in enumerate(zip(current, last)):
-                if b >= (1.0 - _FLOOR_SHRINK) * old or self.learned_min[k] is not None:
-                    continue
-                old_s = old / last_throughput[k]
-                expected, fell = 1.0 - b / old, 1.0 - compute_s[k] / old_s
-                if fell < expected / 3.0:
-                    self.learned_min[k], self.floor_expires_in[k] = old, self.relearn_after
-                    warnings.warn(
-                        f"Rank {k}'s step time hardly fell when its batch fell from {old} to {b}"
-                        f" ({old_s:.4g} s -> {compute_s[k]:.4g} s): a per-step floor, which"
-                        f" fewer samples do not lower. Keeping at least {old} samples on it"
-                        f" for {self.relearn_after} boundaries (`relearn_after`).",
-                        stacklevel=3,
-                    )
+        if self.learn_floor:
+            self._confirm_floors(current, compute_s)
+            last, last_throughput = before
+            if len(last) == world_size and current != last:
+                for k, (b, old) in enumerate(zip(current, last)):
+                    candidate = {"size": old, "time_s": old / last_throughput[k], "waited": 0}
+                    if (
+                        self.learned_min[k] is None
+                        and self.floor_candidates[k] is None
+                        and _at_floor(b, compute_s[k], candidate)
+                    ):
+                        self.floor_candidates[k] = candidate
         lower = [
             lo if floor is None else max(lo, min(floor, hi))
             for lo, floor, hi in zip(limits.min_batch_size, self.learned_min, upper)
@@ -373,17 +379,52 @@ class ProportionalController(LearnedMaximum, Controller):
             return list(limits.min_batch_size)
         return lower
 
+    def _confirm_floors(self, current: list[int], compute_s: list[float]) -> None:
+        """Bind the floor candidates this boundary confirms; drop those it refutes."""
+        for k, candidate in enumerate(self.floor_candidates):
+            if candidate is None:
+                continue
+            size = candidate["size"]
+            if current[k] <= (1.0 - _FLOOR_SHRINK) * size:  # still well below: news
+                self.floor_candidates[k] = None
+                if _at_floor(current[k], compute_s[k], candidate):
+                    self.learned_min[k], self.floor_expires_in[k] = size, self.relearn_after
+                    warnings.warn(
+                        f"Rank {k}'s step time hardly falls with its batch: {candidate['time_s']:.4g}"
+                        f" s at {size} samples, {compute_s[k]:.4g} s at {current[k]}. A per-step"
+                        f" floor, which fewer samples do not lower: keeping at least {size}"
+                        f" samples on it for {self.relearn_after} boundaries (`relearn_after`).",
+                        stacklevel=4,
+                    )
+                continue
+            candidate["waited"] += 1
+            if candidate["waited"] >= self.relearn_after:
+                self.floor_candidates[k] = None
+
     def state_dict(self) -> dict[str, Any]:
         return {
             **self._learned_state(),
             "learned_min": list(self.learned_min),
             "floor_expires_in": list(self.floor_expires_in),
+            "floor_candidates": [None if c is None else dict(c) for c in self.floor_candidates],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_learned_state(state)
         self.learned_min = list(state.get("learned_min", []))
         self.floor_expires_in = list(state.get("floor_expires_in", [None] * len(self.learned_min)))
+        candidates = state.get("floor_candidates") or [None] * len(self.learned_min)
+        self.floor_candidates = [None if c is None else dict(c) for c in candidates]
+
+
+def _at_floor(batch_size: int, compute_s: float, before: dict[str, Any]) -> bool:
+    """A rank timed at ``before["size"]`` and ``before["time_s"]`` now runs ``batch_size``
+    samples in ``compute_s``: at least 10% fewer, and faster by less than a third of that."""
+    size = before["size"]
+    if batch_size > (1.0 - _FLOOR_SHRINK) * size:
+        return False
+    expected, fell = 1.0 - batch_size / size, 1.0 - compute_s / before["time_s"]
+    return fell < expected / 3.0
 
 
 def _omnilearn_split(

@@ -654,16 +654,33 @@ def test_omnilearn_settles_on_the_same_split_as_the_projection(level: str) -> No
     assert result.balance[-1] > 0.99
 
 
-def test_a_rank_whose_time_did_not_fall_with_its_batch_keeps_its_previous_size() -> None:
+def test_a_rank_whose_time_does_not_fall_with_its_batch_twice_keeps_the_size_before() -> None:
     # rank 1 takes 1.5 s for any batch below 75 samples (a floor); proportional control
     # reads it as slow and shrinks it, which saves nothing
     limits = BatchLimits.build(2, 128)
     ctl = ProportionalController(deadband=0.01)
     assert ctl.update([64, 64], [0.64, 1.5], limits) == [90, 38]
-    with pytest.warns(UserWarning, match=r"Rank 1.s step time hardly fell.*from 64 to 38"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one reading: only a candidate
         plan = ctl.update([90, 38], [0.90, 1.5], limits)
+    assert plan[1] < 38 and ctl.learned_min == [None, None]
+    with pytest.warns(UserWarning, match=r"Rank 1's step time hardly falls.*at 64 samples"):
+        plan = ctl.update(plan, [plan[0] / 100, 1.5], limits)
     assert plan == [64, 64] and ctl.learned_min == [None, 64]
     assert ctl.update([64, 64], [0.64, 1.5], limits) == [64, 64]  # held at its minimum
+
+
+def test_a_slowdown_that_passes_is_no_floor() -> None:
+    # rank 1 shrank while a co-located job slowed it; by the next boundary the job is gone
+    limits = BatchLimits.build(2, 128)
+    ctl = ProportionalController(deadband=0.01)
+    ctl.update([64, 64], [0.64, 0.64], limits)
+    ctl.update([64, 64], [0.64, 1.28], limits)
+    ctl.update([85, 43], [0.85, 0.86], limits)  # 43 samples, as slow as 64 were: a candidate
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ctl.update([85, 43], [0.85, 0.43], limits)  # the job left: 10 ms per sample again
+    assert ctl.learned_min == [None, None] and ctl.floor_candidates == [None, None]
 
 
 def test_a_rank_whose_time_fell_with_its_batch_learns_no_floor() -> None:
@@ -673,15 +690,16 @@ def test_a_rank_whose_time_fell_with_its_batch_learns_no_floor() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ctl.update([85, 43], [0.85, 0.86], limits)
-    assert ctl.learned_min == [None, None]
+    assert ctl.learned_min == [None, None] and ctl.floor_candidates == [None, None]
 
 
 def test_a_learned_floor_expires_after_relearn_after_boundaries_and_travels_in_the_state() -> None:
     limits = BatchLimits.build(2, 128)
     ctl = ProportionalController(deadband=0.01, relearn_after=2)
     ctl.update([64, 64], [0.64, 1.5], limits)
-    with pytest.warns(UserWarning, match="per-step floor"):
-        ctl.update([89, 39], [0.89, 1.5], limits)
+    plan = ctl.update([90, 38], [0.90, 1.5], limits)
+    with pytest.warns(UserWarning, match="per-step"):
+        ctl.update(plan, [plan[0] / 100, 1.5], limits)
     restored = ProportionalController(deadband=0.01, relearn_after=2)
     restored.load_state_dict(ctl.state_dict())
     assert restored.learned_min == [None, 64] and restored.floor_expires_in == [None, 2]
@@ -694,6 +712,7 @@ def test_a_learned_floor_expires_after_relearn_after_boundaries_and_travels_in_t
 def test_the_floor_rule_can_be_switched_off() -> None:
     limits = BatchLimits.build(2, 128)
     ctl = ProportionalController(deadband=0.01, learn_floor=False)
-    ctl.update([64, 64], [0.64, 1.5], limits)
-    assert ctl.update([89, 39], [0.89, 1.5], limits) != [64, 64]
+    plan = ctl.update([64, 64], [0.64, 1.5], limits)
+    plan = ctl.update(plan, [plan[0] / 100, 1.5], limits)
+    assert ctl.update(plan, [plan[0] / 100, 1.5], limits) != [64, 64]
     assert ctl.learned_min == [None, None]

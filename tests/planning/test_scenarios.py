@@ -119,10 +119,11 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("updates-deadband", "gpu"): Expected(0.96, 6, (3, 8)),
     ("updates-deadband", "memory"): Expected(0.94, 4, (2, 9)),
     # co-located jobs come and go (traces.py): nobody foresees a job that starts next interval.
-    # A job that lands on a rank as its batch shrinks reads as a per-step floor, and the
-    # learned floor then holds the rank at its old size for 10 boundaries: the proportional
-    # rules end about 0.07 lower than with learn_floor=False (0.77 against 0.84 mean steady
-    # efficiency over seeds 0-9). Omnilearn's seed 6 never gets back to 0.95 in one phase.
+    # A job that lands on a rank as its batch shrinks, and stays one more boundary, reads as
+    # a per-step floor, and the learned floor then holds the rank at its old size for 10
+    # boundaries: the proportional rules end a little lower than with learn_floor=False
+    # (0.81 against 0.84 mean steady efficiency over seeds 0-9; 0.73 against 0.77 over the
+    # run). Omnilearn's seed 6 never gets back to 0.95 in one phase.
     ("proportional", "resources"): Expected(0.67, 60, (58, 88)),
     ("omnilearn", "resources"): Expected(0.65, 60, (62, 92)),
     ("stepwise", "resources"): Expected(0.55, NEVER, (2, 8)),
@@ -217,18 +218,18 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     # ("floor-slow"); the floored workers look slow per sample, so the proportional rules
     # move samples onto worker 0, but the fixed point is where it reaches the 1.5 s floor:
     # no controller overshoots it in the simulator (stepwise, stretched, drifts 2% past).
-    # The proportional rules learn the floors and hold those workers at 64, re-tested every
-    # 10 boundaries (more plan changes; with Eq. 8 the fast and the slow worker then trade
+    # The proportional rules learn the floors (a candidate at the first shrink that does not
+    # pay, confirmed at the next) and hold those workers at 64, re-tested every 10 boundaries (more plan changes; with Eq. 8 the fast and the slow worker then trade
     # a sample back and forth, within the floor's time)
-    ("proportional", "floor"): Expected(0.98, 0, (4, 8)),
-    ("omnilearn", "floor"): Expected(0.98, 0, (4, 8)),
+    ("proportional", "floor"): Expected(0.98, 0, (4, 11)),
+    ("omnilearn", "floor"): Expected(0.98, 0, (4, 11)),
     ("stepwise", "floor"): Expected(0.98, 0, (5, 7)),
     ("updates", "floor"): Expected(0.98, 0, (14, 20)),
     ("updates-deadband", "floor"): Expected(0.98, 0, (8, 13)),
     ("lbbsp", "floor"): Expected(0.98, 0, (3, 6)),
     ("lbbsp-last", "floor"): Expected(0.98, 0, (2, 5)),
     ("model", "floor"): Expected(0.98, 0, (1, 3)),
-    ("proportional", "floor-slow"): Expected(0.98, 1, (4, 8)),
+    ("proportional", "floor-slow"): Expected(0.98, 1, (4, 11)),
     ("omnilearn", "floor-slow"): Expected(0.98, 1, (17, 29)),
     ("stepwise", "floor-slow"): Expected(0.96, 30, (16, 20), stretch=4),
     ("updates", "floor-slow"): Expected(0.98, 2, (15, 22)),
@@ -255,14 +256,14 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("proportional-auto", "gpu"): Expected(0.98, 1, (1, 12)),
     ("proportional-auto", "memory"): Expected(0.70, NEVER, (8, 28)),
     # learned floors as for "proportional" above; seed 2 never gets back to 0.95 in one phase
-    ("proportional-auto", "resources"): Expected(0.68, 30, (58, 95)),
+    ("proportional-auto", "resources"): Expected(0.68, 40, (58, 100)),
     ("proportional-auto", "HL2-fixed"): Expected(0.98, 1, (1, 12)),
     ("proportional-auto", "HL4-fixed"): Expected(0.97, 2, (3, 10)),
     ("proportional-auto", "HL8-fixed"): Expected(0.98, 4, (5, 11)),
     ("proportional-auto", "steps-fixed"): Expected(0.97, 4, (15, 30)),
     ("proportional-auto", "gpu-flat"): Expected(0.97, 2, (2, 10)),
     ("proportional-auto", "loader"): Expected(0.97, 1, (1, 10)),
-    ("proportional-auto", "floor"): Expected(0.98, 0, (4, 8)),
+    ("proportional-auto", "floor"): Expected(0.98, 0, (4, 11)),
     ("proportional-auto", "floor-slow"): Expected(0.98, 1, (11, 23)),
     ("model-auto", "HL2"): Expected(0.98, 1, (1, 5)),
     ("model-auto", "HL4"): Expected(0.97, 1, (1, 4)),
@@ -321,7 +322,7 @@ def test_matrix_covers_every_controller_on_every_scenario() -> None:
 
 @pytest.mark.filterwarnings("ignore:Rank .* is the straggler")
 @pytest.mark.filterwarnings("ignore:Rank .*'s batch size is capped")
-@pytest.mark.filterwarnings("ignore:Rank .*'s step time hardly fell")
+@pytest.mark.filterwarnings("ignore:Rank .*'s step time hardly falls")
 @pytest.mark.parametrize(
     ("controller", "scenario"), list(EXPECTED), ids=[f"{c}-{s}" for c, s in EXPECTED]
 )
