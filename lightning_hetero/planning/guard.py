@@ -119,8 +119,8 @@ class StepTimeGuard:
         now = _Measured(list(plan), float(step_s), float(step_se))
         best, was_trial, self.trial = self.baseline, self.trial == now.plan, None
         if best is None or now.plan == best.plan:
-            reverted = self._reverted_at
-            if reverted is not None and (self._slower(now, reverted) or self._slower(reverted, now)):
+            was = self._reverted_at
+            if was is not None and (self._slower(now, was) or self._slower(was, now)):
                 self.fraction, self._reverted_at = 1.0, None  # the cluster changed: try again
             self.baseline = now  # the reference follows the cluster
             return None

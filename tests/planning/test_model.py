@@ -567,4 +567,5 @@ def test_solve_plan_is_optimal_on_small_random_curves_with_flat_pieces():
         limits = BatchLimits.build(3, rng.randint(3, 24), 1, rng.randint(8, 24))
         plan = solve_plan(curves, limits)
         assert limits.admits(plan)
-        assert max(c(b) for c, b in zip(curves, plan)) == pytest.approx(_brute_force(curves, limits))
+        best = _brute_force(curves, limits)
+        assert max(c(b) for c, b in zip(curves, plan)) == pytest.approx(best)

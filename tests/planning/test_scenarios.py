@@ -219,8 +219,9 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     # move samples onto worker 0, but the fixed point is where it reaches the 1.5 s floor:
     # no controller overshoots it in the simulator (stepwise, stretched, drifts 2% past).
     # The proportional rules learn the floors (a candidate at the first shrink that does not
-    # pay, confirmed at the next) and hold those workers at 64, re-tested every 10 boundaries (more plan changes; with Eq. 8 the fast and the slow worker then trade
-    # a sample back and forth, within the floor's time)
+    # pay, confirmed at the next) and hold those workers at 64, re-tested every 10
+    # boundaries (more plan changes; with Eq. 8 the fast and the slow worker then trade a
+    # sample back and forth, within the floor's time)
     ("proportional", "floor"): Expected(0.98, 0, (4, 11)),
     ("omnilearn", "floor"): Expected(0.98, 0, (4, 11)),
     ("stepwise", "floor"): Expected(0.98, 0, (5, 7)),
