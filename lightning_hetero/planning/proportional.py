@@ -391,8 +391,9 @@ class ProportionalController(LearnedMaximum, Controller):
                     self.learned_min[k], self.floor_expires_in[k] = size, self.relearn_after
                     warnings.warn(
                         f"Rank {k}'s step time hardly falls with its batch:"
-                        f" {candidate['time_s']:.4g} s at {size} samples, {compute_s[k]:.4g} s at {current[k]}. A per-step"
-                        f" floor, which fewer samples do not lower: keeping at least {size}"
+                        f" {candidate['time_s']:.4g} s at {size} samples, {compute_s[k]:.4g} s"
+                        f" at {current[k]}. A per-step floor, which fewer samples do not lower:"
+                        f" keeping at least {size}"
                         f" samples on it for {self.relearn_after} boundaries (`relearn_after`).",
                         stacklevel=4,
                     )
