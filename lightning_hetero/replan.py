@@ -80,6 +80,8 @@ class RankReport:
     #: error, seconds.
     step_s: float = math.nan
     step_se: float = math.nan
+    #: Steps in ``step_s``.
+    step_n: int = 0
 
     @staticmethod
     def columns(rows: Sequence[Sequence[float]]) -> dict[str, list[Any]]:
@@ -215,7 +217,7 @@ class Replanner:
         check = plan_checksum(self.host.plan_state.batch_sizes)
         return RankReport(
             s.batch_size, s.compute_s, s.wait_s, s.steps, drawn, *readings, check,
-            s.compute_se, s.step_s, s.step_se,
+            s.compute_se, s.step_s, s.step_se, s.step_count,
         )  # fmt: skip
 
     def boundary(self, epoch: int, step: int, updates: list[int] | None = None) -> None:
@@ -278,7 +280,7 @@ class Replanner:
             )
         else:
             entry["balance"] = balance_efficiency(plan, compute_s)
-            back = self._review(plan, got["step_s"], got["step_se"])
+            back = self._review(plan, got["step_s"], got["step_se"], min(got["step_n"]))
             if self.controller.replicable:  # every rank decides: no broadcast
                 new_plan = self._checked(self._decide(plan, compute_s, stats))
             else:
@@ -308,7 +310,7 @@ class Replanner:
             self.on_record(entry)
 
     def _review(
-        self, plan: list[int], step_s: Sequence[float], step_se: Sequence[float]
+        self, plan: list[int], step_s: Sequence[float], step_se: Sequence[float], steps: int
     ) -> list[int] | None:
         """The guard's verdict on the plan in force (every rank alike, from gathered
         numbers): the plan to go back to, or ``None``."""
@@ -317,7 +319,7 @@ class Replanner:
         mean_s = _mean_finite(step_s)
         if not (math.isfinite(mean_s) and mean_s > 0):
             return None
-        return self.guard.review(plan, mean_s, _mean_finite(step_se))
+        return self.guard.review(plan, mean_s, _mean_finite(step_se), steps)
 
     def _decide(self, plan: list[int], compute_s: list[float], stats: list[RankStats]) -> list[int]:
         """Run the controller (on every rank if it is ``replicable``, else on rank 0); its

@@ -21,14 +21,15 @@ from lightning_hetero.replan import RankReport, Replanner, check_replan_options,
 
 def test_a_report_travels_as_one_row_and_comes_back_typed():
     check = plan_checksum([3, 5])
-    report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6, check, 0.01, 0.6, 0.02)
+    report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6, check, 0.01, 0.6, 0.02, 3)
     row = report.row()
-    assert row == [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6, float(check), 0.01, 0.6, 0.02]
-    other = RankReport(8, 0.25, 0.0, 1, 2, 0.5, 1.0, 0.4, check, 0.0, 0.25, 0.0)
+    assert row == [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6, float(check), 0.01, 0.6, 0.02, 3.0]
+    other = RankReport(8, 0.25, 0.0, 1, 2, 0.5, 1.0, 0.4, check, 0.0, 0.25, 0.0, 1)
     got = RankReport.columns([row, other.row()])
     for k, sent in enumerate((report, other)):
         assert RankReport(*[column[k] for column in got.values()]) == sent
-    assert all(isinstance(v, int) for v in got["batch_size"] + got["drawn"] + got["plan_check"])
+    ints = got["batch_size"] + got["drawn"] + got["plan_check"] + got["step_n"]
+    assert all(isinstance(v, int) for v in ints)
     assert got["memory_used"] == [0.2, 0.5] and got["compute_s"] == [0.5, 0.25]
 
 

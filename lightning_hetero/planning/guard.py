@@ -52,13 +52,21 @@ class StepTimeGuard:
     measured again, its new time replaces the old one, so the reference follows a cluster
     that changes.
 
-    A revert is remembered as a smaller step: the next changes move only ``shrink`` of the
-    way from the plan in force to what the controller asks (halving again at every further
-    revert), and once a step would be below ``min_fraction`` no change is tried at all.
-    That memory is forgotten when a change is kept as the new fastest, or when the
-    baseline's step time moves beyond the noise (the cluster changed). So a run is never
-    left slower than the fastest plan it has measured, beyond the noise, whatever the
-    controller believes.
+    A plan measured over fewer than ``min_steps`` steps is not judged: the guard holds it
+    (:meth:`propose` keeps it) until its steps are enough for a verdict, as happens when
+    boundaries come every step or two.
+
+    A revert is remembered as a smaller step: once the baseline's plan, measured again,
+    shows that the cluster did not change meanwhile, the next changes move only ``shrink``
+    of the way from the plan in force to what the controller asks (halving again at every
+    further revert), and once a step would be below ``min_fraction`` no change is tried at
+    all. If the baseline's plan is slower than it was beyond the noise, the cluster changed
+    (the revert was its doing, not the change's), and full steps are tried again; so they
+    are after a change is kept as the new fastest. Each plan is judged once: when a plan that
+    was kept later runs at another speed beyond the noise, the cluster changed, and its new
+    time becomes the reference (what other plans did under the old speeds no longer says
+    anything). So a run is never left slower than the fastest plan it has measured under
+    the speeds of the moment, beyond the noise, whatever the controller believes.
 
     Pure: numbers in, plans out; the re-planner and the simulator drive it.
 
@@ -67,6 +75,7 @@ class StepTimeGuard:
         tolerance: relative slowdown that never counts (timer resolution, drift), ``>= 0``.
         shrink: fraction of the step tried after a revert, in ``(0, 1)``.
         min_fraction: smallest fraction of a step worth trying, in ``(0, 1]``.
+        min_steps: steps a plan's step time must hold before it is judged, ``>= 2``.
 
     Example:
         >>> guard = StepTimeGuard()
@@ -75,7 +84,7 @@ class StepTimeGuard:
         [60, 4]
         >>> guard.review([60, 4], step_s=1.30, step_se=0.01)  # slower: back to the plan before
         [32, 32]
-        >>> guard.review([32, 32], step_s=1.00, step_se=0.01)
+        >>> guard.review([32, 32], step_s=1.00, step_se=0.01)  # as before: not the cluster
         >>> guard.propose([32, 32], [60, 4])  # half the step now
         [46, 18]
     """
@@ -86,6 +95,7 @@ class StepTimeGuard:
         tolerance: float = 0.005,
         shrink: float = 0.5,
         min_fraction: float = 0.2,
+        min_steps: int = 3,
     ) -> None:
         if z < 0 or tolerance < 0:
             raise ValueError(f"`z` and `tolerance` must be >= 0, got {z} and {tolerance}.")
@@ -93,7 +103,15 @@ class StepTimeGuard:
             raise ValueError(f"`shrink` must be in (0, 1), got {shrink}.")
         if not 0.0 < min_fraction <= 1.0:
             raise ValueError(f"`min_fraction` must be in (0, 1], got {min_fraction}.")
+        if isinstance(min_steps, bool) or not isinstance(min_steps, int) or min_steps < 2:
+            raise ValueError(f"`min_steps` must be an integer >= 2, got {min_steps!r}.")
         self.z, self.tolerance, self.shrink, self.min_fraction = z, tolerance, shrink, min_fraction
+        self.min_steps = min_steps
+        #: The plan in force has too few steps for a verdict: keep it.
+        self.holding = False
+        #: The plan in force as measured when it was judged.
+        self.current: _Measured | None = None
+        self._shrink_pending = False  # a revert waits for the baseline's new measurement
         #: The last kept plan and its step time.
         self.baseline: _Measured | None = None
         #: The change under test (made at the last boundary), if any.
@@ -110,23 +128,45 @@ class StepTimeGuard:
         noise = sqrt(sum(se * se for se in (now.step_se, before.step_se) if isfinite(se)))
         return now.step_s - before.step_s > self.z * noise + self.tolerance * before.step_s
 
-    def review(self, plan: Sequence[int], step_s: float, step_se: float) -> list[int] | None:
-        """The plan in force and its measured step time; returns the plan to go back to when
-        steps under ``plan`` are slower than under the fastest plan measured, else ``None``.
+    def review(
+        self, plan: Sequence[int], step_s: float, step_se: float, steps: int | None = None
+    ) -> list[int] | None:
+        """The plan in force and its measured step time (over ``steps`` steps, if known);
+        returns the plan to go back to when steps under ``plan`` are slower than under the
+        fastest plan measured, else ``None``.
 
         Call it only with a step time measured at ``plan`` (finite and positive).
         """
+        self.holding = steps is not None and steps < self.min_steps
+        if self.holding:
+            return None  # too few steps to tell: judge it at a later boundary
         now = _Measured(list(plan), float(step_s), float(step_se))
-        best, was_trial, self.trial = self.baseline, self.trial == now.plan, None
+        best, previous, self.current = self.baseline, self.current, now
+        was_trial, self.trial = self.trial == now.plan, None
+        if previous is not None and now.plan == previous.plan:
+            if self._slower(now, previous) or self._slower(previous, now):
+                # a plan judged before now runs at another speed: the cluster changed, and
+                # what was measured under other plans no longer holds
+                self.baseline, self.fraction = now, 1.0
+                self._reverted_at, self._shrink_pending = None, False
+            else:
+                self.current = previous  # judged once; its verdict stands
+                if best is not None and now.plan == best.plan:
+                    self.baseline = now
+            return None
         if best is None or now.plan == best.plan:
             was = self._reverted_at
-            if was is not None and (self._slower(now, was) or self._slower(was, now)):
-                self.fraction, self._reverted_at = 1.0, None  # the cluster changed: try again
+            if was is not None:
+                if self._slower(now, was) or self._slower(was, now):
+                    self.fraction, self._reverted_at = 1.0, None  # the cluster changed
+                elif self._shrink_pending:
+                    self.fraction *= self.shrink  # the change itself was slower
+                self._shrink_pending = False
             self.baseline = now  # the reference follows the cluster
             return None
         if self._slower(now, best):
             self.reverts += 1
-            self.fraction *= self.shrink
+            self._shrink_pending = True
             self._reverted_at = best
             return list(best.plan)
         if now.step_s < best.step_s:
@@ -139,7 +179,7 @@ class StepTimeGuard:
         """What to run instead of ``plan`` when the controller asks for ``target``: the
         target, a damped step toward it after a revert, or ``plan`` (no change)."""
         current, wanted = list(plan), list(target)
-        if wanted == current or self.fraction < self.min_fraction:
+        if wanted == current or self.holding or self.fraction < self.min_fraction:
             return current
         step = damped_plan(current, wanted, self.fraction) if self.fraction < 1.0 else wanted
         self.trial = step if step != current else None
@@ -152,7 +192,10 @@ class StepTimeGuard:
             "trial": self.trial,
             "fraction": self.fraction,
             "reverted_at": None if self._reverted_at is None else vars(self._reverted_at).copy(),
+            "current": None if self.current is None else vars(self.current).copy(),
             "reverts": self.reverts,
+            "holding": self.holding,
+            "shrink_pending": self._shrink_pending,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -163,3 +206,7 @@ class StepTimeGuard:
         reverted = state["reverted_at"]
         self._reverted_at = None if reverted is None else _Measured(**reverted)
         self.reverts = int(state["reverts"])
+        self.holding = bool(state.get("holding", False))
+        current = state.get("current")
+        self.current = None if current is None else _Measured(**current)
+        self._shrink_pending = bool(state.get("shrink_pending", False))

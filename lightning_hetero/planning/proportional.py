@@ -292,7 +292,7 @@ class ProportionalController(LearnedMaximum, Controller):
         learn_max_batch_size: bool = True,
         renormalization: str = "project",
         relearn_after: int = 10,
-        learn_floor: bool = True,
+        learn_floor: bool = False,
     ) -> None:
         if renormalization not in _RENORMALIZATIONS:
             raise ValueError(

@@ -128,6 +128,11 @@ class TimingSmoother:
         return self._step.mean
 
     @property
+    def step_count(self) -> int:
+        """Steps in :attr:`step_s`."""
+        return self._step.count
+
+    @property
     def step_se(self) -> float:
         """Standard error of :attr:`step_s` (``nan`` below two steps)."""
         n = self._step.count

@@ -20,7 +20,9 @@ def test_a_change_that_made_steps_slower_is_reverted_to_the_plan_before_it():
     assert guard.review([32, 32], 1.0, 0.01) is None
     assert guard.propose([32, 32], [50, 14]) == [50, 14]
     assert guard.review([50, 14], 1.2, 0.01) == [32, 32]
-    assert guard.reverts == 1 and guard.fraction == 0.5
+    assert guard.reverts == 1
+    guard.review([32, 32], 1.0, 0.01)  # the plan before is as fast as it was
+    assert guard.fraction == 0.5
 
 
 def test_a_change_within_the_noise_is_kept_but_the_fastest_plan_stays_the_reference():
@@ -153,3 +155,33 @@ def test_the_default_configuration_reaches_the_optimum_on_loader_and_floor_clust
             SCENARIOS[name], ProportionalController(deadband="auto"), seed, guard=StepTimeGuard()
         )
         assert report.steady_efficiency >= 0.97
+
+
+def test_a_plan_with_too_few_steps_is_held_until_it_can_be_judged():
+    guard = StepTimeGuard(min_steps=3)
+    guard.review([32, 32], 1.0, 0.01, steps=5)
+    guard.propose([32, 32], [50, 14])
+    assert guard.review([50, 14], 1.5, 0.01, steps=2) is None  # two steps: no verdict yet
+    assert guard.propose([50, 14], [60, 4]) == [50, 14]  # and no new change on top
+    assert guard.review([50, 14], 1.5, 0.01, steps=4) == [32, 32]
+
+
+def test_a_revert_the_cluster_caused_does_not_shrink_the_next_steps():
+    guard = StepTimeGuard()
+    guard.review([32, 32], 1.0, 0.01)
+    guard.propose([32, 32], [50, 14])
+    assert guard.review([50, 14], 1.5, 0.01) == [32, 32]  # slower, but was it the change?
+    guard.review([32, 32], 1.6, 0.01)  # no: the plan before is now slower too
+    assert guard.fraction == 1.0
+    assert guard.propose([32, 32], [50, 14]) == [50, 14]
+
+
+def test_a_kept_plan_that_slows_down_later_moves_the_reference_instead_of_reverting():
+    guard = StepTimeGuard()
+    guard.review([32, 32], 1.0, 0.01)
+    guard.propose([32, 32], [40, 24])
+    assert guard.review([40, 24], 1.01, 0.01) is None  # judged: kept, within the noise
+    assert guard.review([40, 24], 1.50, 0.01) is None  # the cluster slowed: no revert
+    assert guard.baseline is not None and guard.baseline.step_s == 1.50
+    guard.propose([40, 24], [48, 16])
+    assert guard.review([48, 16], 1.40, 0.01) is None  # judged against the new reference

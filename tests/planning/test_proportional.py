@@ -658,7 +658,7 @@ def test_a_rank_whose_time_does_not_fall_with_its_batch_twice_keeps_the_size_bef
     # rank 1 takes 1.5 s for any batch below 75 samples (a floor); proportional control
     # reads it as slow and shrinks it, which saves nothing
     limits = BatchLimits.build(2, 128)
-    ctl = ProportionalController(deadband=0.01)
+    ctl = ProportionalController(deadband=0.01, learn_floor=True)
     assert ctl.update([64, 64], [0.64, 1.5], limits) == [90, 38]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # one reading: only a candidate
@@ -673,7 +673,7 @@ def test_a_rank_whose_time_does_not_fall_with_its_batch_twice_keeps_the_size_bef
 def test_a_slowdown_that_passes_is_no_floor() -> None:
     # rank 1 shrank while a co-located job slowed it; by the next boundary the job is gone
     limits = BatchLimits.build(2, 128)
-    ctl = ProportionalController(deadband=0.01)
+    ctl = ProportionalController(deadband=0.01, learn_floor=True)
     ctl.update([64, 64], [0.64, 0.64], limits)
     ctl.update([64, 64], [0.64, 1.28], limits)
     ctl.update([85, 43], [0.85, 0.86], limits)  # 43 samples, as slow as 64 were: a candidate
@@ -685,7 +685,7 @@ def test_a_slowdown_that_passes_is_no_floor() -> None:
 
 def test_a_rank_whose_time_fell_with_its_batch_learns_no_floor() -> None:
     limits = BatchLimits.build(2, 128)
-    ctl = ProportionalController(deadband=0.01)
+    ctl = ProportionalController(deadband=0.01, learn_floor=True)
     ctl.update([64, 64], [0.64, 1.28], limits)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -695,12 +695,12 @@ def test_a_rank_whose_time_fell_with_its_batch_learns_no_floor() -> None:
 
 def test_a_learned_floor_expires_after_relearn_after_boundaries_and_travels_in_the_state() -> None:
     limits = BatchLimits.build(2, 128)
-    ctl = ProportionalController(deadband=0.01, relearn_after=2)
+    ctl = ProportionalController(deadband=0.01, relearn_after=2, learn_floor=True)
     ctl.update([64, 64], [0.64, 1.5], limits)
     plan = ctl.update([90, 38], [0.90, 1.5], limits)
     with pytest.warns(UserWarning, match="per-step"):
         ctl.update(plan, [plan[0] / 100, 1.5], limits)
-    restored = ProportionalController(deadband=0.01, relearn_after=2)
+    restored = ProportionalController(deadband=0.01, relearn_after=2, learn_floor=True)
     restored.load_state_dict(ctl.state_dict())
     assert restored.learned_min == [None, 64] and restored.floor_expires_in == [None, 2]
     restored.update([64, 64], [0.64, 1.5], limits)
@@ -709,8 +709,9 @@ def test_a_learned_floor_expires_after_relearn_after_boundaries_and_travels_in_t
     assert restored.learned_min == [None, None]
 
 
-def test_the_floor_rule_can_be_switched_off() -> None:
+def test_the_floor_rule_is_off_by_default_and_can_be_switched_off() -> None:
     limits = BatchLimits.build(2, 128)
+    assert ProportionalController().learn_floor is False
     ctl = ProportionalController(deadband=0.01, learn_floor=False)
     plan = ctl.update([64, 64], [0.64, 1.5], limits)
     plan = ctl.update(plan, [plan[0] / 100, 1.5], limits)
