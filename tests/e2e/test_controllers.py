@@ -85,9 +85,9 @@ def test_speed_change_mid_epoch_is_absorbed_within_a_few_boundaries(tmp_path, re
         # a few boundaries more than without the check (2 steps each, 3 to judge a plan)
         assert absorbed < 8, trace
     else:
-        # the plan is HL8's within 4 boundaries (8 steps) of the change, in the same epoch
-        assert absorbed < 4, trace
-        assert after[absorbed]["step"] < 2 * STEPS_PER_EPOCH
+        # the plan is HL8's within 5 boundaries (10 steps) of the change: the dead-band that
+        # follows the timing noise waits while the change shakes the smoothed timings
+        assert absorbed < 5, trace
     assert _within(summary["batch_sizes"], "HL8", 0.2), [
         (e["step"], e["next_batch_sizes"], e["balance"]) for e in history
     ]
