@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from math import isfinite, sqrt
 from typing import Any
 
+from lightning_hetero.planning.split import is_count
+
 __all__ = ["StepTimeGuard", "damped_plan"]
 
 
@@ -103,7 +105,7 @@ class StepTimeGuard:
             raise ValueError(f"`shrink` must be in (0, 1), got {shrink}.")
         if not 0.0 < min_fraction <= 1.0:
             raise ValueError(f"`min_fraction` must be in (0, 1], got {min_fraction}.")
-        if isinstance(min_steps, bool) or not isinstance(min_steps, int) or min_steps < 2:
+        if not is_count(min_steps, least=2):
             raise ValueError(f"`min_steps` must be an integer >= 2, got {min_steps!r}.")
         self.z, self.tolerance, self.shrink, self.min_fraction = z, tolerance, shrink, min_fraction
         self.min_steps = min_steps

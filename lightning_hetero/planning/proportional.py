@@ -22,6 +22,7 @@ from lightning_hetero.planning.split import (
     _fill_level,
     _round_shares,
     balance_efficiency,
+    is_count,
     proportional_split,
 )
 
@@ -30,6 +31,19 @@ __all__ = ["ProportionalController"]
 _RENORMALIZATIONS = ("project", "omnilearn")
 #: How much a rank's batch must shrink before the floor rule reads its step time.
 _FLOOR_SHRINK = 0.1
+
+
+def _count_down(bounds: list[int | None], expires: list[int | None], relearn_after: int) -> None:
+    """Count this boundary against every learned bound (in place): ``expires[k]`` is how many
+    boundaries, this one included, ``bounds[k]`` still holds; one without a count (a state
+    saved before counts existed) gets ``relearn_after``; one whose time is up is lifted."""
+    for k, (bound, left) in enumerate(zip(bounds, expires)):
+        if bound is None:
+            expires[k] = None
+        elif left is None or left > 1:
+            expires[k] = relearn_after if left is None else left - 1
+        else:
+            bounds[k] = expires[k] = None
 
 
 def _growth_band(deadband: Deadband) -> float:
@@ -71,9 +85,7 @@ class LearnedMaximum:
     learn_max_batch_size: bool
 
     def _init_learned(self, relearn_after: int = 10) -> None:
-        if isinstance(relearn_after, bool) or not isinstance(relearn_after, int):
-            raise ValueError(f"`relearn_after` must be an integer >= 1, got {relearn_after!r}.")
-        if relearn_after < 1:
+        if not is_count(relearn_after):
             raise ValueError(f"`relearn_after` must be an integer >= 1, got {relearn_after!r}.")
         self.relearn_after = relearn_after
         self.learned_max: list[int | None] = []
@@ -134,13 +146,7 @@ class LearnedMaximum:
 
     def _expire_learned(self) -> None:
         """Count this boundary against every learned maximum; lift those whose time is up."""
-        for k, (cap, left) in enumerate(zip(self.learned_max, self.learned_expires_in)):
-            if cap is None:
-                self.learned_expires_in[k] = None
-            elif left is None or left > 1:
-                self.learned_expires_in[k] = self.relearn_after if left is None else left - 1
-            else:
-                self.learned_max[k] = self.learned_expires_in[k] = None
+        _count_down(self.learned_max, self.learned_expires_in, self.relearn_after)
 
     def _confirm_candidates(self, current: list[int], throughput: list[float]) -> set[int]:
         """Bind or drop the candidates this boundary decides; return their ranks."""
@@ -351,12 +357,7 @@ class ProportionalController(LearnedMaximum, Controller):
             self.floor_expires_in = [None] * world_size
         if len(self.floor_candidates) != world_size:
             self.floor_candidates = [None] * world_size
-        for k, left in enumerate(self.floor_expires_in):
-            if left is not None:
-                left -= 1
-                self.floor_expires_in[k] = left if left > 0 else None
-                if left <= 0:
-                    self.learned_min[k] = None
+        _count_down(self.learned_min, self.floor_expires_in, self.relearn_after)
         if self.learn_floor:
             self._confirm_floors(current, compute_s)
             last, last_throughput = before
