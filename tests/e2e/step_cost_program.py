@@ -93,7 +93,6 @@ def main() -> None:
         callbacks=callbacks,
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
     )
     trainer.fit(Tiny(args))
