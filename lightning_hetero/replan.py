@@ -294,8 +294,8 @@ class Replanner:
                     f"hetero: the plan {plan} made steps slower ({entry['step_time']:.4g} s)"
                     f" than {back} before it; going back to {back}."
                 )
-            elif self.guard is not None and not host.training_mode.fixed_plan:
-                new_plan = self.guard.propose(plan, new_plan)
+            elif self._guard_in_force is not None:
+                new_plan = self._guard_in_force.propose(plan, new_plan)
             if new_plan != plan:
                 host.apply_plan(new_plan, from_step=first_undrawn_step)
                 self.adjustments += 1
@@ -314,12 +314,16 @@ class Replanner:
     ) -> list[int] | None:
         """The guard's verdict on the plan in force (every rank alike, from gathered
         numbers): the plan to go back to, or ``None``."""
-        if self.guard is None or self.host.training_mode.fixed_plan:
-            return None
+        guard = self._guard_in_force
         mean_s = _mean_finite(step_s)
-        if not (math.isfinite(mean_s) and mean_s > 0):
+        if guard is None or not (math.isfinite(mean_s) and mean_s > 0):
             return None
-        return self.guard.review(plan, mean_s, _mean_finite(step_se), steps)
+        return guard.review(plan, mean_s, _mean_finite(step_se), steps)
+
+    @property
+    def _guard_in_force(self) -> StepTimeGuard | None:
+        """The guard, unless the mode fixes the plan on purpose (the dual plan)."""
+        return None if self.host.training_mode.fixed_plan else self.guard
 
     def _decide(self, plan: list[int], compute_s: list[float], stats: list[RankStats]) -> list[int]:
         """Run the controller (on every rank if it is ``replicable``, else on rank 0); its
