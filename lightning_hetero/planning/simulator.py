@@ -228,27 +228,6 @@ class ClusterSimulator:
                 low = mid + 1
         return candidates[low]
 
-    def optimal_plan(self, limits: BatchLimits, boundary: int) -> list[int]:
-        """A plan that reaches :meth:`optimal_step_s`: each worker's largest batch within
-        the optimal time, then, while the plan exceeds the global batch, one sample less on
-        the worker that finishes last (ties: the higher rank)."""
-        best_s = self.optimal_step_s(limits, boundary)
-        speeds = self.speeds_at(boundary)
-        plan = []
-        for k, worker in enumerate(self.workers):
-            size = limits.min_batch_size[k]
-            while size < limits.max_batch_size[k] and worker.step_s(size + 1, speeds[k]) <= best_s:
-                size += 1
-            plan.append(size)
-        while sum(plan) > limits.global_batch_size:
-            times = [
-                w.step_s(b, s) if b > lo else -1.0
-                for w, b, s, lo in zip(self.workers, plan, speeds, limits.min_batch_size)
-            ]
-            last = max(range(len(plan)), key=lambda k: (times[k], k))
-            plan[last] -= 1
-        return plan
-
     def step_s(self, batch_sizes: Sequence[int], boundary: int) -> list[float]:
         """Compute times of one step, with noise."""
         return [
