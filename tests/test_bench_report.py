@@ -1,8 +1,17 @@
 """The level benchmark's figures, from a synthetic pair of runs with known curves."""
 
+import math
+
 import pytest
 
-from lightning_hetero.bench.__main__ import measured_curves, ratios, report
+from lightning_hetero.bench.__main__ import (
+    _emulated_optimum,
+    cluster_costs,
+    measured_curves,
+    ratios,
+    report,
+)
+from lightning_hetero.planning import HETEROGENEITY_LEVELS
 
 
 def _entry(sizes: list[int], changed: bool) -> dict:
@@ -51,3 +60,16 @@ def test_the_report_has_the_allowed_columns():
     header = table.splitlines()[0]
     assert "| allowed |" in header and "| fraction_allowed |" in header
     assert "plan_fraction" in header and "`fraction_allowed`: speedup / allowed" in table
+
+
+def test_cluster_costs_add_loading_fixed_costs_and_floors_to_the_device_costs():
+    cores = HETEROGENEITY_LEVELS["HL4"]
+    devices = cluster_costs("devices", cores, 0.048, 32)
+    assert devices == {"sample_cost": [0.048 / c for c in cores]}
+    loader = cluster_costs("loader", cores, 0.048, 32)
+    assert loader["load_cost"] == 0.048 / 24 and loader["step_cost"] == 0.1 * 0.008 * 32
+    floor = cluster_costs("floor", cores, 0.048, 32)
+    assert floor["floor"][3] == 0.0 and floor["floor"][2] == 0.008 * 32
+    # equal loading and a fixed cost leave less to gain than the devices alone; a floor less
+    assert _emulated_optimum(devices) < _emulated_optimum(loader) < _emulated_optimum(floor) < 1
+    assert math.isnan(_emulated_optimum(None))
