@@ -104,6 +104,7 @@ class Mode:
         self.sampler: Sampler[list[int]] | None = None
         #: ``(b_k, B)`` of the current step: this rank's samples and the step's global batch.
         self.share: tuple[int, int] = (1, 1)
+        self._keyed: tuple[list[int] | None, int] = (None, 0)  # a plan and its checksum
         #: One record per model merge (local SGD; empty in other modes).
         self.merges: list[dict[str, Any]] = []
         #: The parameter server (rank 0 of a parameter-server mode, while training).
@@ -232,7 +233,10 @@ class Mode:
         sampler = self.sampler
         if not isinstance(sampler, GlobalBatchSampler):
             return 0
-        return plan_checksum(sampler.plan_at(min(batch_idx, len(sampler) - 1)))
+        plan = sampler.plan_at(min(batch_idx, len(sampler) - 1))
+        if plan is not self._keyed[0]:  # the sampler hands out the same list until it changes
+            self._keyed = (plan, plan_checksum(plan))
+        return self._keyed[1]
 
     def backward(
         self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
