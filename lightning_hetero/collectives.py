@@ -5,6 +5,7 @@ collective returns this rank's own value, so the planning code runs unchanged in
 process.
 """
 
+import atexit
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,7 +15,35 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Collectives", "add_note", "is_mean", "is_timeout", "weighted_mean_"]
+__all__ = [
+    "Collectives",
+    "add_note",
+    "destroy_at_exit",
+    "is_mean",
+    "is_timeout",
+    "weighted_mean_",
+]
+
+_destroy_registered = False
+
+
+def _destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def destroy_at_exit() -> None:
+    """Destroy the default process group when the interpreter exits, once per process.
+
+    Lightning does this for NCCL only. A gloo group left to the interpreter's finalization can
+    abort the process ("terminate called without an active exception", SIGABRT) after a
+    successful run, because gloo's threads still hold tensors then; destroying the group while
+    the interpreter is alive avoids it. A no-op when the program destroyed the group itself.
+    """
+    global _destroy_registered
+    if not _destroy_registered:
+        atexit.register(_destroy_process_group)
+        _destroy_registered = True
 
 
 def add_note(error: BaseException, note: str) -> None:

@@ -32,7 +32,7 @@ from lightning_hetero._lightning import (
 )
 from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.callback import HeteroCallback
-from lightning_hetero.collectives import Collectives, is_mean, weighted_mean_
+from lightning_hetero.collectives import Collectives, destroy_at_exit, is_mean, weighted_mean_
 from lightning_hetero.emulate import Throttle
 from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
@@ -181,6 +181,7 @@ class HeteroEngine:
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
+        destroy_at_exit()
         self._note_batch_norm()
         self.plan_state.check_world(self.world_size)
         if self.lightning_module is None:

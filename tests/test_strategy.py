@@ -432,8 +432,12 @@ def test_every_controller_is_selectable_by_name(name):
 def test_bare_strategy_sets_up_its_environment_and_takes_ddp_positional_arguments():
     # Lightning's own tests use a strategy without a LightningModule for its collectives,
     # built with DDPStrategy's positional arguments.
+    # The gloo group is destroyed at exit while the interpreter is alive (left to finalization
+    # it can abort a successful run with SIGABRT); a handler registered first runs last.
     code = """
+import atexit
 import torch
+atexit.register(lambda: print("destroyed", not torch.distributed.is_initialized()))
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning_hetero import HeteroStrategy
@@ -448,7 +452,8 @@ print("ok")
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env()
     )
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ["ok", "destroyed", "True"], proc.stdout
 
 
 def test_batchnorm_model_that_would_get_one_sample_per_rank_fails_naming_the_option():
