@@ -58,6 +58,29 @@ class _ShardedParallel(ModelParallelStrategy):
             optimizers_to_device(self.optimizers, self.root_device)
             self.training_mode.register_hooks(self.model)
 
+    # Each step method runs inside the sharded root's forward (``ShardedMode.redirect``), so
+    # FSDP's hooks gather the root's parameters whatever the step calls: Lightning's own
+    # redirection runs only when the wrapped model is another object than the module.
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.train_step_context():
+            return self.training_mode.redirect(self.model, "training_step", *args, **kwargs)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.val_step_context():
+            return self.training_mode.redirect(self.model, "validation_step", *args, **kwargs)
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.test_step_context():
+            return self.training_mode.redirect(self.model, "test_step", *args, **kwargs)
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.predict_step_context():
+            return self.training_mode.redirect(self.model, "predict_step", *args, **kwargs)
+
     def _shard(self, module: torch.nn.Module) -> torch.nn.Module:
         """Apply ``fully_shard`` as ``shard_modules`` says, unless the model is sharded."""
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel, fully_shard

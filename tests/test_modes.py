@@ -14,28 +14,39 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_hetero import HeteroCallback, HeteroStrategy
+from lightning_hetero import HeteroCallback, HeteroFSDPStrategy, HeteroStrategy
+from lightning_hetero.fsdp import FSDP_MODES
 from lightning_hetero.modes import MODES, VARIANTS, Mode, ModeOptions, build_mode
 from lightning_hetero.planning.registry import CONTROLLERS
 
 N_SAMPLES = 50
-CASES = [(name, None) for name in MODES] + [(name, kind) for name, kind in VARIANTS]
+#: (strategy, mode name, controller class of a variant): every engine's registry
+CASES = (
+    [(HeteroStrategy, name, None) for name in MODES]
+    + [(HeteroStrategy, name, kind) for name, kind in VARIANTS]
+    + [(HeteroFSDPStrategy, name, None) for name in FSDP_MODES]
+)
+REGISTRIES = {HeteroStrategy: (MODES, VARIANTS), HeteroFSDPStrategy: (FSDP_MODES, {})}
 
 
-def _case_id(case: tuple[str, type | None]) -> str:
-    name, kind = case
-    return name if kind is None else f"{name}+{kind.__name__}"
+def _case_id(case: tuple[type, str, type | None]) -> str:
+    strategy, name, kind = case
+    engine = "fsdp:" if strategy is HeteroFSDPStrategy else ""
+    return engine + (name if kind is None else f"{name}+{kind.__name__}")
 
 
-def _build(name: str, kind: type | None, **options) -> Mode:
-    return build_mode(name, None if kind is None else kind(), 0.05, ModeOptions(**options))
+def _build(strategy: type, name: str, kind: type | None, **options) -> Mode:
+    modes, variants = REGISTRIES[strategy]
+    controller = None if kind is None else kind()
+    return build_mode(name, controller, 0.05, ModeOptions(**options), modes, variants)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_the_mode_is_built_from_its_registry_entry(case) -> None:
-    name, kind = case
-    mode = _build(name, kind)
-    expected = MODES[name] if kind is None else VARIANTS[(name, kind)]
+    strategy, name, kind = case
+    mode = _build(*case)
+    modes, variants = REGISTRIES[strategy]
+    expected = modes[name] if kind is None else variants[(name, kind)]
     assert type(mode) is expected and issubclass(expected, Mode)
     assert mode.name == name
     assert mode.default_controller in CONTROLLERS
@@ -58,15 +69,15 @@ def test_the_mode_overrides_hooks_with_the_interface_signatures(case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_options_the_mode_cannot_honour_are_refused(case) -> None:
-    name, kind = case
-    cls = type(_build(name, kind))
+    name = case[1]
+    cls = type(_build(*case))
     if not cls.replans_within_epoch:
         with pytest.raises(ValueError, match=f"mode={name!r} re-plans at epoch boundaries"):
-            _build(name, kind, adjust_every=2)
+            _build(*case, adjust_every=2)
     else:
-        _build(name, kind, adjust_every=2)
+        _build(*case, adjust_every=2)
     with pytest.raises(ValueError, match="gamma"):
-        _build(name, kind, gamma=1.0)
+        _build(*case, gamma=1.0)
 
 
 class _Recorder(pl.Callback):
@@ -106,8 +117,8 @@ class _Regression(pl.LightningModule):
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_the_mode_trains_through_a_real_trainer(case, tmp_path) -> None:
-    name, kind = case
-    strategy = HeteroStrategy(mode=name, controller=None if kind is None else kind())
+    strategy_class, name, kind = case
+    strategy = strategy_class(mode=name, controller=None if kind is None else kind())
     recorder = _Recorder()
     trainer = pl.Trainer(
         strategy=strategy,

@@ -1,14 +1,114 @@
 """Synchronous data parallelism over a sharded model (FSDP2), gradients weighted by share."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
+from torch.nn.modules.batchnorm import _NormBase
 
 from lightning_hetero._fsdp import CollectiveWaitMeter
+from lightning_hetero.collectives import weighted_mean_
 from lightning_hetero.modes.base import Mode
 
-__all__ = ["ShardedMode"]
+__all__ = ["RootRedirect", "ShardedMode", "norm_buffers"]
+
+
+class RootRedirect:
+    """Run a LightningModule's step method inside its sharded root's ``forward``.
+
+    FSDP2 gathers a module's parameters in a hook before its ``forward`` and frees them
+    after. A LightningModule sharded as the root is rarely called as ``self(x)``: most steps
+    call submodules (``self.head(self.encoder(x))``) or read parameters directly, and the
+    root's hooks would never run (``aten.addmm.default got mixed torch.Tensor and DTensor``).
+    As Lightning's forward redirection for DDP and FSDP, the root's ``forward`` is replaced
+    for one call by the step method, so ``root(*args)`` runs the step between the hooks:
+    every direct call sees gathered parameters, and a nested ``self(x)`` runs the real
+    ``forward`` (the replacement undoes itself before the step starts).
+
+    Manual optimization runs backward and the optimizer *inside* the step:
+
+    - backward comes before the root's post-forward hook has marked any output, so FSDP
+      would never reduce the root's gradients. :meth:`mark_output` routes such a loss
+      through the root once more, as the output of an empty forward, so backward runs the
+      root's pre-backward hook and the final reduce-scatter as after any forward;
+    - that backward leaves the root's parameters sharded, and an optimizer step changes
+      the shards. :meth:`regather` gathers them again after each, so the rest of the step
+      (a second optimizer's forward, as in a GAN) sees the current parameters.
+    """
+
+    def __init__(self) -> None:
+        self.root: torch.nn.Module | None = None  # set while a step runs inside the root
+
+    def __call__(self, root: torch.nn.Module, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        """``root.<method_name>(*args, **kwargs)``, inside ``root.forward`` if it is sharded."""
+        from torch.distributed.fsdp import FSDPModule
+
+        method = getattr(root, method_name)
+        if not isinstance(root, FSDPModule) or self.root is not None:
+            return method(*args, **kwargs)
+
+        def step(*inner_args: Any, **inner_kwargs: Any) -> Any:
+            restore()  # a `self(x)` in the step runs the real forward
+            self.root = root
+            try:
+                return method(*inner_args, **inner_kwargs)
+            finally:
+                self.root = None
+
+        with _forward_replaced(root, step) as restore:
+            return root(*args, **kwargs)
+
+    def mark_output(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss``, made an output of the sharded root when backward runs inside a step."""
+        root = self.root
+        if root is None or not loss.requires_grad:
+            return loss
+        # no tensor input: FSDP registers no post-backward hook on the way in, only its
+        # pre-backward hook on the output, which queues the reduce-scatter of every group
+        with _forward_replaced(root, lambda: loss):
+            return root()
+
+
+    def regather(self) -> None:
+        """Inside a step: gather the root's current parameters again (after a backward
+        resharded them or an optimizer step changed the shards)."""
+        root = self.root
+        if root is not None:
+            root.reshard()  # type: ignore[operator]
+            root.unshard()  # type: ignore[operator]
+
+
+@contextmanager
+def _forward_replaced(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterator[Any]:
+    """Shadow ``module.forward`` with ``forward`` (an instance attribute); yields the undo,
+    which is also run on exit and leaves the instance exactly as it was."""
+    own = vars(module)
+    had, saved = "forward" in own, own.get("forward")
+
+    def restore() -> None:
+        if had:
+            own["forward"] = saved
+        else:
+            own.pop("forward", None)
+
+    own["forward"] = forward
+    try:
+        yield restore
+    finally:
+        restore()
+
+
+def norm_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The running statistics of ``module``'s BatchNorm (and other norm) layers: the
+    floating-point buffers each rank updates from its own batch."""
+    return [
+        buffer
+        for layer in module.modules()
+        if isinstance(layer, _NormBase) and layer.track_running_stats
+        for buffer in layer.buffers(recurse=False)
+        if buffer is not None and buffer.dtype.is_floating_point
+    ]
 
 
 class ShardedMode(Mode):
@@ -18,6 +118,14 @@ class ShardedMode(Mode):
     ``k``'s loss by ``K * b_k / B`` before backward turns that average into
     ``sum_k (b_k / B) g_k``: the gradient of the mean loss over the step's ``B`` samples,
     whatever the split (gradient clipping and accumulation then see the exact gradient).
+
+    The step methods run inside the sharded root's forward (:class:`RootRedirect`), so a
+    LightningModule may call its submodules directly.
+
+    BatchNorm: FSDP shards parameters, not buffers, so each rank's running statistics follow
+    its own batches. They are averaged over the ranks, weighted by batch share as one large
+    batch would weigh them, at the end of each epoch, before validation and before the model
+    is saved (one all-reduce each); in between, each rank normalizes with its own.
 
     Timing: under FSDP every rank waits for the others inside forward and backward (each
     layer's all-gather, each reduce-scatter). The time this rank spends blocked in those
@@ -34,6 +142,7 @@ class ShardedMode(Mode):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.meter: CollectiveWaitMeter | None = None
+        self.redirect = RootRedirect()
 
     def register_hooks(self, model: Any) -> None:
         self.meter = CollectiveWaitMeter()
@@ -48,13 +157,48 @@ class ShardedMode(Mode):
         self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
         with self._host().comm.guarded("backward with its gradient reduce-scatter"):
-            return run(self.scale_loss(loss))
+            output = run(self.scale_loss(self.redirect.mark_output(loss)))
+        self.redirect.regather()
+        return output
 
     def post_backward(self) -> None:
         host = self._host()
         if self.meter is not None:
             host.timer.add_wait(self.meter.take())
         host.timer.backward_done()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
+        output = super().optimizer_step(optimizer, run)
+        self.redirect.regather()
+        return output
+
+    # ---------------------------------------------------------------- BatchNorm statistics
+    def average_norm_buffers(self) -> None:
+        """Replace every rank's BatchNorm running statistics by their batch-weighted mean."""
+        host = self._host()
+        buffers = norm_buffers(host.lightning_module)
+        if not buffers or host.world_size == 1:
+            return
+        plan = host.plan_state.batch_sizes
+        weight = plan[host.global_rank] / sum(plan) if plan else 1.0
+        flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in buffers])
+        with host.comm.guarded("averaging the BatchNorm statistics"):
+            weighted_mean_(flat, weight)
+        offset = 0
+        for buffer in buffers:
+            size = buffer.numel()
+            buffer.copy_(flat[offset : offset + size].view_as(buffer))
+            offset += size
+
+    def on_train_epoch_end(self) -> bool:
+        self.average_norm_buffers()
+        return True
+
+    def on_validation_start(self) -> None:
+        self.average_norm_buffers()
+
+    def before_model_state(self) -> None:
+        self.average_norm_buffers()
 
     def teardown(self) -> None:
         if self.meter is not None:
