@@ -47,6 +47,9 @@ class StepProbe:
             per-step work, e.g. a push's round trip).
         agree: where a step communicates (a sharded model), makes every rank skip a probe
             size when one does (see :func:`~lightning_hetero.memory_probe.probe_memory`).
+        training_step: runs the module's ``training_step(batch, batch_idx)`` as the
+            strategy does (a sharded model: inside the root's forward); default: the
+            module's own, under the precision plugin's step context.
     """
 
     def __init__(
@@ -56,12 +59,14 @@ class StepProbe:
         emulation: Sequence[Callable[[Any], None]] = (),
         extra: Callable[[torch.nn.Module], None] | None = None,
         agree: Callable[[bool], bool] | None = None,
+        training_step: Callable[[Any, int], Any] | None = None,
     ) -> None:
         self.host = host
         self.loader = loader
         self.emulation = emulation
         self.extra = extra
         self.agree = agree
+        self.training_step = training_step
 
     @contextmanager
     def steps(self, what: str, instead: str = "") -> Iterator[Callable[..., None]]:
@@ -84,8 +89,11 @@ class StepProbe:
         def step(batch_size: int, timed: bool = False) -> None:
             batch = loader.collate_fn([dataset[i] for i in range(batch_size)])
             batch = host.batch_to_device(batch)
-            with host.precision_plugin.train_step_context():
-                output = module.training_step(batch, 0)
+            if self.training_step is not None:
+                output = self.training_step(batch, 0)
+            else:
+                with host.precision_plugin.train_step_context():
+                    output = module.training_step(batch, 0)
             loss = output["loss"] if isinstance(output, dict) else output
             if not isinstance(loss, torch.Tensor):
                 raise ValueError(

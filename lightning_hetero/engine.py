@@ -269,8 +269,17 @@ class HeteroEngine:
             if isinstance(cb, Throttle)
         ]
         mode = self.training_mode
-        agree = self.comm.any if mode.probe_steps_communicate else None
-        probe = StepProbe(self, loader, emulation, mode.timed_step_extra, agree)
+        # a sharded model's steps communicate: every rank probes the same sizes, and each
+        # step runs as in training (inside the sharded root's forward)
+        sharded = mode.probe_steps_communicate
+        probe = StepProbe(
+            self,
+            loader,
+            emulation,
+            mode.timed_step_extra,
+            agree=self.comm.any if sharded else None,
+            training_step=self.training_step if sharded else None,
+        )
         state = self.plan_state
         if state.max_batch_size == "auto" and self.memory_probe is None:
             total = state.global_batch_size or (loader.batch_size or 1) * self.world_size

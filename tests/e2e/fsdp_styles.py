@@ -35,6 +35,8 @@ STYLES: dict[str, tuple[dict, dict]] = {
     "accumulate": ({"accumulate_grad_batches": 2}, {}),
     "clip": ({"gradient_clip_val": CLIP}, {}),
     "bf16": ({"precision": "bf16-mixed"}, {}),
+    # the memory probe's steps (undone afterwards) go through the root's forward too
+    "probed": ({}, {"max_batch_size": "auto", "probe_batch_sizes": [2, 4, 8]}),
     "batch_norm": ({}, {}),  # each rank's BatchNorm statistics, averaged at the epoch's end
 }
 STEPS = {"accumulate": 2}  # micro-batches of the fit
@@ -81,8 +83,10 @@ class Styled(pl.LightningModule):
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
 
-    def training_step(self, batch, batch_idx):
+    def on_train_batch_start(self, batch, batch_idx):  # the probe's steps are not the loop's
         assert len(batch[0]) == PLAN[self.global_rank], (len(batch[0]), self.global_rank)
+
+    def training_step(self, batch, batch_idx):
         if self.automatic_optimization:
             return self.loss(batch)
         optimizers = self.optimizers()
@@ -138,6 +142,7 @@ def fit(style: str, out_dir: Path) -> None:
         result["test_loss"] = trainer.test(model, loader, verbose=False)[0]["test_loss"]
         predictions = torch.cat(trainer.predict(model, loader))
         result["predictions"] = trainer.strategy.comm.gather_objects(predictions)
+    result["memory_probe"] = trainer.strategy.memory_probe
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     result["state"] = {k: v.detach().float().cpu() for k, v in full.items()}
     if style == "batch_norm":

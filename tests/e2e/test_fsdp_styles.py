@@ -71,6 +71,13 @@ def test_each_style_steps_exactly_as_one_process_on_the_union_batch(results, sty
     assert (got["head.weight"] - start["head.weight"]).abs().max() > 1e-3
 
 
+def test_the_memory_probe_runs_its_steps_through_the_root_and_leaves_no_trace(results):
+    # its steps are undone: the `probed` style's parameters are checked exact above
+    probe = torch.load(results / "probed.pt")["memory_probe"]
+    assert probe is not None and len(probe["max_batch_sizes"]) == len(PLAN)
+    assert probe["samples"]
+
+
 def test_validation_test_and_predict_see_the_trained_model_with_direct_calls(results):
     result = torch.load(results / "direct.pt")
     model = _expected("direct").eval()
