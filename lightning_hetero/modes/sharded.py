@@ -69,7 +69,6 @@ class RootRedirect:
         with _forward_replaced(root, lambda: loss):
             return root()
 
-
     def regather(self) -> None:
         """Inside a step: gather the root's current parameters again (after a backward
         resharded them or an optimizer step changed the shards)."""
