@@ -45,12 +45,16 @@ class _ShardedParallel(ModelParallelStrategy):
         # is sharded here unless the user's `configure_model` did it
         assert self.model is not None and self.accelerator is not None
         self.accelerator.setup(trainer)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting and self._layer_sync is not None:
+            # `Trainer(sync_batchnorm=True)`, which ModelParallelStrategy leaves unapplied:
+            # statistics over the union batch, whatever each rank's share (GPU only)
+            self.model = self._layer_sync.apply(self.model)
         self.model = self.training_mode.setup_model(self.model, self._shard)
         materialize_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self.barrier()
-        fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()

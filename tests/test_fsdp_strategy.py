@@ -65,3 +65,41 @@ def test_lightning_cli_builds_it_by_name_and_by_class_path_with_options():
     assert isinstance(strategy, HeteroFSDPStrategy)
     assert strategy.shard_modules == ["Linear"] and strategy.adjust_every == 4
     assert strategy.plan_state.max_batch_size == "auto"
+
+
+def test_sync_batchnorm_is_applied_before_sharding_not_dropped(tmp_path):
+    # ModelParallelStrategy leaves `Trainer(sync_batchnorm=True)` unapplied; SyncBatchNorm
+    # computes statistics over the union batch whatever each rank's share. It runs on GPUs
+    # only (it raises on CPU), so the run stops once set up.
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+
+    class Normed(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Sequential(torch.nn.Linear(32, 2), torch.nn.BatchNorm1d(2))
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(RandomDataset(32, 16), batch_size=4)
+
+        def on_train_start(self) -> None:
+            raise _SetUp(type(self.layer[1]))
+
+    trainer = pl.Trainer(
+        strategy=HeteroFSDPStrategy(),
+        accelerator="cpu",
+        devices=1,
+        sync_batchnorm=True,
+        max_steps=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    with pytest.raises(_SetUp) as stopped:
+        trainer.fit(Normed())
+    assert stopped.value.args[0] is torch.nn.SyncBatchNorm
+
+
+class _SetUp(Exception):
+    pass
