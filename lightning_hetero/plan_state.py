@@ -178,6 +178,20 @@ class PlanState:
                     f" such models): raise the global batch size to at least {2 * world_size}"
                     " (the training DataLoader's `batch_size`, or `global_batch_size`)."
                 ) from None
+            lowest = sum(expand_bound(self.lower(), world_size, 1))
+            if total < lowest:  # say where the global batch came from, not a derived bound
+                ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+                source = (
+                    "`global_batch_size`"
+                    if self.global_batch_size is not None
+                    else f"the training DataLoader's `batch_size` times {ranks}"
+                )
+                raise PlanError(
+                    f"The global batch of {total} samples ({source}) cannot give each of"
+                    f" {ranks} its `min_batch_size` ({self.lower()}): that needs at"
+                    f" least {lowest}. Raise the DataLoader's `batch_size` or"
+                    " `global_batch_size`, or lower `min_batch_size`."
+                ) from None
             raise
 
     # ---------------------------------------------------------------- plans

@@ -381,8 +381,16 @@ class Replanner:
             self._warned_minimum.add(rank)
             total = limits.global_batch_size
             speed, all_speed = self._samples_per_s[rank], sum(self._samples_per_s)
+            origin = ""
+            if host.plan_state.min_batch_size is None:  # not the user's: say where it is from
+                origin = (
+                    " (the default for a model with BatchNorm layers)"
+                    if lower[rank] == 2
+                    else " (the default)"
+                )
             rank_zero_warn(
-                f"hetero: rank {rank} is held at min_batch_size={lower[rank]}, but at its measured"
+                f"hetero: rank {rank} is held at min_batch_size={lower[rank]}{origin}, but at its"
+                " measured"
                 f" speed ({speed:.1f} of all ranks' {all_speed:.1f} samples/s) its share of the"
                 f" global batch of {total} would be {total * speed / all_speed:.1f} samples. It"
                 " slows every step whatever the plan: consider removing it from the job"

@@ -61,7 +61,14 @@ def gpu_flops(device: torch.device) -> float:
     The SM count comes from torch, the clock from NVML (nvidia-ml-py); the device is
     matched by UUID so ``CUDA_VISIBLE_DEVICES`` renumbering does not matter.
     """
-    import pynvml
+    try:
+        import pynvml
+    except ImportError as error:
+        raise ImportError(
+            "batch_sizes='flops' on a GPU reads each GPU's SM clock through NVML, from the"
+            " nvidia-ml-py package, which is not installed: pip install"
+            " 'lightning_hetero[gpu]' (or choose batch_sizes='uniform' or 'probe')."
+        ) from error
 
     props = torch.cuda.get_device_properties(device)
     pynvml.nvmlInit()

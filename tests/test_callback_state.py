@@ -67,6 +67,13 @@ def test_a_slow_rank_at_its_minimum_is_reported_and_a_rank_that_fits_is_not():
     assert held_at_minimum([36, 36, 36, 20], [360.0, 360.0, 360.0, 12.0], [16] * 4) == []
 
 
+def test_timing_noise_around_a_share_at_the_minimum_is_no_alarm():
+    # two equal ranks at one sample each: noise puts one a little below its share of 1
+    assert held_at_minimum([1, 1], [101.0, 99.0], [1, 1]) == []
+    assert held_at_minimum([16, 48], [76.0, 240.0], [16, 16]) == []  # share 15.4 of 16
+    assert held_at_minimum([16, 48], [40.0, 280.0], [16, 16]) == [0]  # share 8 of 16
+
+
 def test_held_at_minimum_needs_every_throughput_and_one_entry_per_rank():
     assert held_at_minimum([16, 48], [math.nan, 100.0], [16, 16]) == []
     with pytest.raises(ValueError, match="2 batch sizes, 1 throughputs and 2 minimums"):

@@ -81,3 +81,19 @@ def test_a_plan_outside_the_limits_is_refused():
 def test_bad_plan_options_are_refused(options, message):
     with pytest.raises((ValueError, PlanError), match=message):
         check_plan_options(*options)
+
+
+@pytest.mark.parametrize(
+    ("global_batch_size", "source"),
+    [(None, "DataLoader's `batch_size` times 2 ranks"), (6, "`global_batch_size`")],
+)
+def test_a_minimum_the_global_batch_cannot_give_names_where_the_batch_came_from(
+    global_batch_size, source
+):
+    # the user set only min_batch_size: the error must not blame a `max_batch_size`
+    state = PlanState(min_batch_size=4, global_batch_size=global_batch_size)
+    with pytest.raises(PlanError) as error:
+        state.resolve(3, 2)
+    message = str(error.value)
+    assert source in message and "needs at least 8" in message
+    assert "max_batch_size" not in message

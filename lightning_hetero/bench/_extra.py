@@ -11,7 +11,7 @@ import sys
 __all__ = ["INSTALL", "REQUIRED", "exit_without_extra", "missing"]
 
 #: What the commands import, as distribution name -> top-level module.
-REQUIRED = {"scikit-learn": "sklearn", "tqdm": "tqdm"}
+REQUIRED = {"scikit-learn": "sklearn", "tqdm": "tqdm", "torchmetrics": "torchmetrics"}
 INSTALL = "pip install 'lightning_hetero[bench]'"
 
 

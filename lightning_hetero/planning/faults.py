@@ -79,13 +79,16 @@ def held_at_minimum(
     batch_sizes: Sequence[int],
     samples_per_s: Sequence[float],
     min_batch_size: Sequence[int],
+    margin: float = 0.25,
 ) -> list[int]:
-    """Ranks whose batch sits at their minimum although their speed asks for less.
+    """Ranks whose batch sits at their minimum although their speed asks for clearly less.
 
     A rank's speed-proportional share of ``B = sum(batch_sizes)`` is
     ``B * X_k / sum_j X_j``; a rank at its minimum with a smaller share slows every step,
     however the others are planned. Paper 001 argues such a worker is better removed.
-    Nothing is reported unless every throughput is a finite positive number.
+    Only a share more than ``margin`` below the minimum counts: timing noise puts equal
+    ranks a little above or below their share. Nothing is reported unless every throughput
+    is a finite positive number.
 
     Example:
         >>> held_at_minimum([56, 56, 16], [140.0, 140.0, 4.0], [16, 16, 16])
@@ -102,5 +105,5 @@ def held_at_minimum(
     return [
         rank
         for rank, (b, x, lo) in enumerate(zip(batch_sizes, samples_per_s, min_batch_size))
-        if b <= lo and total * x / speed < lo
+        if b <= lo and total * x / speed < lo * (1.0 - margin)
     ]
