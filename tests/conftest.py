@@ -3,6 +3,7 @@ import os
 # Several gloo ranks share two cores in the end-to-end tests.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Property tests: reproducible (derandomized) and without per-example deadlines, which
@@ -16,3 +17,25 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---------------------------------------------------------------- order and markers
+# Everything under tests/e2e launches real multi-process training: marked `e2e`, which
+# `make test` leaves to `make test-e2e` (CI runs both). Unit tests and doctests run first,
+# so a run shows progress from its first minute.
+_SLOW_DIRS = ("e2e", "upstream")
+
+
+def _group(item: pytest.Item) -> int:
+    parts = item.path.parts
+    if "tests" not in parts:
+        return 1  # doctests of lightning_hetero
+    sub = parts[parts.index("tests") + 1 :]
+    return 2 if sub and sub[0] in _SLOW_DIRS else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _group(item) == 2 and item.path.parts[-2] == "e2e":
+            item.add_marker(pytest.mark.e2e)
+    items.sort(key=_group)  # stable: each file keeps its order

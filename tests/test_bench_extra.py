@@ -164,13 +164,21 @@ def test_every_module_outside_bench_imports_without_scikit_learn_matplotlib_and_
 
 @pytest.mark.parametrize("module", ["lightning_hetero.bench", "lightning_hetero.bench.mps"])
 def test_the_bench_commands_without_the_extra_exit_2_with_what_to_install(module):
-    proc = _run_blocked_module(module, "--help")
+    proc = _run_blocked_module(module, "--repeats", "1")
     assert proc.returncode == 2, proc.stderr[-4000:]
     assert "usage:" not in proc.stdout
     assert "Traceback" not in proc.stderr
     assert "pip install 'lightning_hetero[bench]'" in proc.stderr
     assert "scikit-learn" in proc.stderr  # tqdm comes with Lightning: only sklearn is missing
     assert f"python -m {module} needs the bench extra" in proc.stderr
+
+
+@pytest.mark.parametrize("module", ["lightning_hetero.bench", "lightning_hetero.bench.mps"])
+def test_the_bench_commands_show_their_help_without_the_extra(module):
+    proc = _run_blocked_module(module, "--help")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.startswith(f"usage: python -m {module}")
+    assert "pip install 'lightning_hetero[bench]'" in proc.stderr
 
 
 @pytest.mark.parametrize("module", ["lightning_hetero.bench", "lightning_hetero.bench.mps"])

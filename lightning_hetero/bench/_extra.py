@@ -21,8 +21,15 @@ def missing() -> list[str]:
 
 
 def exit_without_extra(prog: str) -> None:
-    """Exit with status 2 and what to install when part of the extra is missing."""
+    """Exit with status 2 and what to install when part of the extra is missing (``--help``
+    needs none of it: it prints the usage and what the runs will need)."""
     absent = missing()
+    if absent and {"-h", "--help"} & set(sys.argv[1:]):
+        print(
+            f"note: the runs of {prog} need the bench extra ({INSTALL}).",
+            file=sys.stderr,
+        )
+        return
     if absent:
         names = " and ".join(absent)
         print(
