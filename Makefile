@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow test-multinode bench lint clean
+.PHONY: install demo test test-slow test-multinode bench lint generate clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check lightning_hetero tests examples
 	$(PY) -m ruff format --check lightning_hetero tests examples
+
+# lightning_hetero/pytorch_lightning/*.py from the Lightning-facing modules (commit the result)
+generate: $(STAMP)
+	$(PY) -m lightning_hetero._generate
 
 clean:
 	rm -rf $(VENV) lightning_logs demo_logs .pytest_cache

@@ -29,5 +29,6 @@ __version__ = "0.1.0"
 _namespaces.register_strategy(StrategyRegistry, HeteroStrategy)
 _namespaces.register_strategy(StrategyRegistry, HeteroFSDPStrategy)
 if RequirementCache(_namespaces.PYTORCH_LIGHTNING_REQUIREMENT, "pytorch_lightning"):
-    # by name and as objects; the twins (lightning_hetero.pytorch_lightning) load when used
+    # by name (building the twins of lightning_hetero.pytorch_lightning, loaded only then); an
+    # object of this package given to pl.Trainer is refused, with the import to use
     _namespaces.register_in_pytorch_lightning([HeteroStrategy, HeteroFSDPStrategy])

@@ -12,7 +12,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from lightning_hetero._lightning import materialize_module, optimizers_to_device
-from lightning_hetero._namespaces import LateBinding
+from lightning_hetero._namespaces import SameCopy
 from lightning_hetero.engine import HeteroEngine, hetero_parts
 from lightning_hetero.modes import ModeOptions, ShardedMode
 from lightning_hetero.planning import Controller
@@ -127,7 +127,7 @@ class _ShardedParallel(ModelParallelStrategy):
         return module
 
 
-class HeteroFSDPStrategy(LateBinding, HeteroEngine, _ShardedParallel):
+class HeteroFSDPStrategy(SameCopy, HeteroEngine, _ShardedParallel):
     """Fully sharded data parallelism (FSDP2) where each rank's batch size follows its speed.
 
     Parameters, gradients and optimizer state are sharded over the ranks with

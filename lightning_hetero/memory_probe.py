@@ -49,7 +49,7 @@ from typing import Any
 import psutil
 import torch
 
-import lightning_hetero._cgroup as _cgroup  # not `from lightning_hetero import`: see _namespaces
+import lightning_hetero._cgroup as _cgroup  # not `from lightning_hetero import`: a cycle
 from lightning_hetero.planning.memory import MemoryModel
 from lightning_hetero.planning.split import PlanError
 from lightning_hetero.resources import reset_peak_memory

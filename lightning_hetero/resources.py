@@ -10,7 +10,7 @@ import psutil
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
-import lightning_hetero._cgroup as _cgroup  # not `from lightning_hetero import`: see _namespaces
+import lightning_hetero._cgroup as _cgroup  # not `from lightning_hetero import`: a cycle
 from lightning_hetero.collectives import Collectives
 
 __all__ = [

@@ -20,7 +20,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
-from lightning_hetero._namespaces import LateBinding
+from lightning_hetero._namespaces import SameCopy
 from lightning_hetero.engine import HeteroEngine, hetero_parts
 from lightning_hetero.modes import ModeOptions
 from lightning_hetero.planning import Controller
@@ -28,7 +28,7 @@ from lightning_hetero.planning import Controller
 __all__ = ["HeteroStrategy"]
 
 
-class HeteroStrategy(LateBinding, HeteroEngine, DDPStrategy):
+class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
     """Data-parallel training where each rank's batch size follows its speed.
 
     The global batch ``B`` stays fixed; rank ``k`` trains on ``b_k`` samples per step,

@@ -2,16 +2,16 @@
 
 ``pytorch_lightning`` is a separate copy of Lightning with its own classes and strategy
 registry. This package holds the same public names as ``lightning_hetero``, built on
-``pytorch_lightning``: the package's Lightning-facing modules (``strategy``, ``callback``,
-``emulate``, ``progressive``, ...) are loaded a second time from the same source files with
-``lightning.pytorch`` -> ``pytorch_lightning`` and ``lightning.fabric`` -> ``lightning_fabric``,
-as Lightning builds ``pytorch_lightning`` itself (see ``lightning_hetero._namespaces``); e.g.
+``pytorch_lightning``: its modules (``strategy``, ``callback``, ``emulate``, ``progressive``,
+...) are generated from the package's Lightning-facing modules with ``lightning.pytorch`` ->
+``pytorch_lightning`` and ``lightning.fabric`` -> ``lightning_fabric``, as Lightning builds
+``pytorch_lightning`` itself (``make generate``; see ``lightning_hetero._namespaces``); e.g.
 ``lightning_hetero.pytorch_lightning.emulate.Throttle``. Pure modules are shared.
 
-``import lightning_hetero`` imports this package when ``pytorch_lightning`` is installed, so
-``pl.Trainer(strategy="hetero")`` works in either copy; so does
-``pl.Trainer(strategy=lightning_hetero.HeteroStrategy(...))``: the object becomes this
-copy's ``HeteroStrategy`` when the Trainer takes it.
+``import lightning_hetero`` registers ``"hetero"`` in ``pytorch_lightning``'s strategy registry
+too, so ``pl.Trainer(strategy="hetero")`` builds this package's ``HeteroStrategy``. An object
+built from ``lightning_hetero`` (on ``lightning.pytorch``) is refused by ``pl.Trainer``, with
+an error naming the import from here.
 """
 
 import importlib
@@ -31,29 +31,43 @@ if not _PYTORCH_LIGHTNING:
         f" programs: {_PYTORCH_LIGHTNING}"
     )
 
-_namespaces.install_finder()
-globals().update(_namespaces.twin_exports(_base))
-__all__ = list(_base.__all__)
+from lightning_hetero import __version__  # noqa: E402
+from lightning_hetero.pytorch_lightning.callback import HeteroCallback  # noqa: E402
+from lightning_hetero.pytorch_lightning.fsdp import HeteroFSDPStrategy  # noqa: E402
+from lightning_hetero.pytorch_lightning.progressive import (  # noqa: E402
+    ProgressiveSchedule,
+    Stage,
+    SubStage,
+)
+from lightning_hetero.pytorch_lightning.strategy import HeteroStrategy  # noqa: E402
+
+__all__ = [
+    "HeteroCallback",
+    "HeteroFSDPStrategy",
+    "HeteroStrategy",
+    "ProgressiveSchedule",
+    "Stage",
+    "SubStage",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _namespaces.lightning_facing():  # a twin module not imported yet
+    if name in _namespaces.TWINNED:  # a twin module not imported yet
         return importlib.import_module(f"{__name__}.{name}")
     if name.startswith("__"):
         raise AttributeError(name)
-    return getattr(_base, name)  # pure modules and names are shared
+    return getattr(_base, name)  # pure modules are shared
 
 
 def _register() -> None:
-    """Register the twin strategies in ``pytorch_lightning``'s registry (``import
-    lightning_hetero`` registered builders of them already) and let ``lightning.pytorch``'s
-    Trainer take their objects."""
+    """Register the strategies in ``pytorch_lightning``'s registry (``import lightning_hetero``
+    registered builders of them already) and let ``lightning.pytorch``'s Trainer take their
+    objects far enough to refuse them with the import to use."""
     registry = importlib.import_module("pytorch_lightning.strategies").StrategyRegistry
-    for name in __all__:
-        twin, original = globals()[name], getattr(_base, name)
-        if twin is not original and hasattr(twin, "register_strategies"):
-            _namespaces.register_strategy(registry, twin)
-            _namespaces.accept_in(_namespaces.LIGHTNING, twin)
+    for strategy in (HeteroStrategy, HeteroFSDPStrategy):
+        _namespaces.register_strategy(registry, strategy)
+        _namespaces.accept_in(_namespaces.LIGHTNING, strategy)
 
 
 _register()

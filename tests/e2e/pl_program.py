@@ -7,10 +7,13 @@ Lightning's defaults stay on (progress bar, checkpointing, logger); the model lo
 usage: python pl_program.py OUT_JSON --form name|object|twin [--callbacks none|lightning|twin]
 
 ``--form``: ``strategy="hetero"``; a ``lightning_hetero.HeteroStrategy`` object (the import
-users write first, built on ``lightning.pytorch``); or a
+users write first, built on ``lightning.pytorch``: refused); or a
 ``lightning_hetero.pytorch_lightning.HeteroStrategy`` object. ``--callbacks``: also pass a
-``HeteroCallback`` and a ``Throttle`` (rank 1 slower), imported from ``lightning_hetero`` or
-from ``lightning_hetero.pytorch_lightning``.
+``HeteroCallback`` and a ``Throttle`` (rank 1 slower), imported from ``lightning_hetero``
+(refused) or from ``lightning_hetero.pytorch_lightning``.
+
+A refused object stops the program with a ``TypeError``; it writes ``{"error": message,
+"raised_by": "Trainer" or "fit", "kept_types": ...}`` instead of the run's results.
 """
 
 import argparse
@@ -85,22 +88,32 @@ def main() -> None:
         throttle = package.emulate.Throttle(sample_cost=[0.0, 0.004])
         callbacks = [package.HeteroCallback(), throttle]
     given = list(callbacks)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=strategy,
-        max_epochs=2,
-        callbacks=callbacks,
-        default_root_dir=args.out + ".logs",
-        # TensorBoard (Lightning's default when installed; HeteroCallback adds its layout)
-        # and CSV, read below: the loggers of pytorch_lightning
-        logger=[
-            pl.loggers.TensorBoardLogger(args.out + ".logs"),
-            pl.loggers.CSVLogger(args.out + ".logs"),
-        ],
-        log_every_n_steps=1,
-    )
-    trainer.fit(Classifier())
+    types = [type(obj) for obj in [strategy, *given]]
+    raised_by = "Trainer"
+    try:
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy=strategy,
+            max_epochs=2,
+            callbacks=callbacks,
+            default_root_dir=args.out + ".logs",
+            # TensorBoard (Lightning's default when installed; HeteroCallback adds its layout)
+            # and CSV, read below: the loggers of pytorch_lightning
+            logger=[
+                pl.loggers.TensorBoardLogger(args.out + ".logs"),
+                pl.loggers.CSVLogger(args.out + ".logs"),
+            ],
+            log_every_n_steps=1,
+        )
+        raised_by = "fit"
+        trainer.fit(Classifier())
+    except TypeError as error:  # an object built on lightning.pytorch, refused
+        if raised_by == "Trainer" or trainer.global_rank == 0:
+            kept = types == [type(obj) for obj in [strategy, *given]]
+            with open(args.out, "w") as f:
+                json.dump({"error": str(error), "raised_by": raised_by, "kept_types": kept}, f)
+        return
     used = trainer.strategy
     if trainer.global_rank == 0:
         csv_columns = (

@@ -2,8 +2,9 @@
 LightningCLI programs from both copies of Lightning, choosing HeteroStrategy every way users do.
 
 ``pytorch_lightning`` is a separate copy of Lightning with its own classes and strategy
-registry: before, ``pl.Trainer(strategy="hetero")`` and ``pl.Trainer(strategy=HeteroStrategy())``
-were both rejected ("You selected an invalid strategy name").
+registry: ``pl.Trainer(strategy="hetero")`` builds ``lightning_hetero.pytorch_lightning``'s
+strategy, and an object of ``lightning_hetero`` (built on ``lightning.pytorch``) is refused with
+the import to use.
 """
 
 import json
@@ -19,9 +20,6 @@ TWIN = "lightning_hetero.pytorch_lightning"
     ("form", "callbacks"),
     [
         pytest.param("name", "none", id="strategy-name"),
-        # the import users write first: built on lightning.pytorch, rebound by the Trainer,
-        # with HeteroCallback and Throttle from lightning_hetero (also rebound)
-        pytest.param("object", "lightning", id="lightning_hetero-object-and-callbacks"),
         pytest.param("twin", "twin", id="lightning_hetero.pytorch_lightning-object-and-callbacks"),
     ],
 )
@@ -51,6 +49,27 @@ def test_pytorch_lightning_program_trains(tmp_path, form: str, callbacks: str) -
     assert result["callbacks"] == expected
 
 
+@pytest.mark.parametrize(
+    ("form", "callbacks", "raised_by", "needed"),
+    [
+        # the import users write first: built on lightning.pytorch, refused by pl.Trainer
+        pytest.param("object", "twin", "Trainer", "HeteroStrategy", id="lightning_hetero-object"),
+        # HeteroCallback and Throttle from lightning_hetero: refused when the run starts
+        pytest.param("twin", "lightning", "fit", "HeteroCallback", id="lightning_hetero-callbacks"),
+    ],
+)
+def test_pytorch_lightning_program_is_told_the_import_to_use(
+    tmp_path, form: str, callbacks: str, raised_by: str, needed: str
+) -> None:
+    out = tmp_path / "result.json"
+    run_script("pl_program.py", str(out), "--form", form, "--callbacks", callbacks, timeout=240)
+    result = json.loads(out.read_text())
+
+    assert result["raised_by"] == raised_by
+    assert f"pytorch_lightning's Trainer needs `{TWIN}.{needed}`" in result["error"]
+    assert result["kept_types"]  # nothing rebuilt as the other copy's class
+
+
 @pytest.mark.parametrize("copy", ["lightning", "pytorch_lightning"])
 def test_lightning_cli_strategy_forms(tmp_path, copy: str) -> None:
     out = tmp_path / "forms.json"
@@ -65,14 +84,29 @@ def test_lightning_cli_strategy_forms(tmp_path, copy: str) -> None:
     # string without importing it, so Lightning rejects it and no code of ours can run (the
     # README documents the forms below). Kept as a check that this is still Lightning's.
     assert "invalid strategy name" in results["bare_not_imported"]["error"]
+    # a class path jsonargparse builds is the object of that class: one of the other copy is
+    # refused by the Trainer, with the import to use
+    other_copy = (
+        {"class_path", "yaml", "bare_with_arguments"}
+        if copy == "pytorch_lightning"
+        else {"twin_class_path"}
+    )
+    needed = (
+        f"{TWIN}.HeteroStrategy"
+        if copy == "pytorch_lightning"
+        else "lightning_hetero.HeteroStrategy"
+    )
     for form, adjust_every in [
         ("class_path", 3),
         ("yaml", 5),
         ("bare_with_arguments", 4),
-        ("twin_class_path", "epoch"),  # either class path, either copy
-        ("bare", "epoch"),  # once the package is imported: registered as an alias
+        ("twin_class_path", "epoch"),  # lightning_hetero.pytorch_lightning.HeteroStrategy
+        ("bare", "epoch"),  # once the package is imported: registered as an alias, either copy
         ("name", "epoch"),
     ]:
+        if form in other_copy:
+            assert f"Trainer needs `{needed}`" in results[form].get("error", ""), results[form]
+            continue
         assert results[form].get("strategy") == expected, (form, results[form])
         assert results[form]["adjust_every"] == adjust_every, form
     package = TWIN if copy == "pytorch_lightning" else "lightning_hetero"

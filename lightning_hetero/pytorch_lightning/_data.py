@@ -1,0 +1,146 @@
+# Generated from lightning_hetero/_data.py by `make generate`; do not edit.  # ruff: noqa
+# fmt: off
+"""The training data: what one shared permutation can serve, and each rank's loader of it.
+
+Each refusal names the user's object and what to do instead.
+"""
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from pytorch_lightning.utilities import CombinedLoader
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    WeightedRandomSampler,
+)
+from torch.utils.data.distributed import DistributedSampler
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = [
+    "check_training_loader",
+    "refuse_several_training_loaders",
+    "refuse_step_counting",
+    "refuse_unequal_steps",
+    "with_batch_sampler",
+]
+
+
+def check_training_loader(loader: object) -> int:
+    """Refuse what one shared permutation cannot serve; returns the shuffling seed."""
+    if not isinstance(loader, DataLoader):
+        raise TypeError(
+            "HeteroStrategy needs the training data as a torch DataLoader over a map-style"
+            f" dataset, got {type(loader).__name__}."
+        )
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        raise TypeError(
+            f"HeteroStrategy cannot split the training {type(dataset).__name__}: it is an"
+            " IterableDataset, whose samples cannot be indexed, and HeteroStrategy slices one"
+            " permutation of sample indices per epoch by rank speed. Wrap the data in a"
+            " map-style Dataset (with __len__ and __getitem__), or train it with"
+            " strategy='ddp'."
+        )
+    if type(loader.batch_sampler) is not BatchSampler:
+        raise TypeError(
+            "HeteroStrategy builds each rank's batches itself and cannot use the training"
+            f" DataLoader's batch_sampler {type(loader.batch_sampler).__name__}; pass"
+            " `batch_size` (and `drop_last`) to the DataLoader instead, or train with"
+            " strategy='ddp' to keep it."
+        )
+    sampler = loader.sampler
+    # Lightning wraps a custom sampler in a DistributedSamplerWrapper: name the user's own
+    user_sampler = getattr(getattr(sampler, "dataset", None), "_sampler", sampler)
+    if type(sampler) is DistributedSampler:
+        return sampler.seed
+    if type(user_sampler) in (RandomSampler, SequentialSampler):
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+    name = type(user_sampler).__name__
+    advice = (
+        " To keep class balancing, weight the loss per class instead (e.g."
+        " `CrossEntropyLoss(weight=...)`) or oversample in the dataset (a map-style Dataset"
+        " that lists rare samples more than once)."
+        if isinstance(user_sampler, WeightedRandomSampler)
+        else " To keep its order, build it into the dataset (a map-style Dataset that"
+        " indexes samples in that order) and pass HeteroStrategy(shuffle=False)."
+    )
+    raise TypeError(
+        f"HeteroStrategy cannot keep the training DataLoader's sampler {name}: it draws each"
+        " sample exactly once per epoch from one permutation shared by all ranks, sliced by"
+        f" rank speed.{advice} Or train with strategy='ddp' to keep {name}."
+    )
+
+
+def with_batch_sampler(loader: DataLoader, batch_sampler: Sampler[Any]) -> DataLoader:
+    """A plain DataLoader like ``loader`` that draws its batches from ``batch_sampler``."""
+    if type(loader) is not DataLoader:
+        rank_zero_warn(
+            f"HeteroStrategy replaces the training {type(loader).__name__} by a plain"
+            " DataLoader with the same dataset and options."
+        )
+    return DataLoader(
+        loader.dataset,
+        batch_sampler=batch_sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor,
+        persistent_workers=loader.persistent_workers,
+        pin_memory_device=loader.pin_memory_device,
+    )
+
+
+def refuse_several_training_loaders(trainer: "pl.Trainer") -> None:
+    """Refuse a run with more than one training loader (their shares would be wrong)."""
+    loaders = CombinedLoader(trainer.train_dataloader).flattened
+    if len(loaders) > 1:
+        raise TypeError(
+            f"HeteroStrategy found {len(loaders)} training DataLoaders"
+            f" ({type(trainer.train_dataloader).__name__} of"
+            f" {', '.join(type(dl.dataset).__name__ for dl in loaders)}); it sizes one"
+            " loader's batches by rank speed and weights gradients by that loader's shares,"
+            " which several loaders of their own sizes would get wrong. Return one DataLoader"
+            " from `train_dataloader` (e.g. a ConcatDataset or a Dataset that yields the"
+            " parts of a sample together), or train with strategy='ddp'."
+        )
+
+
+def refuse_unequal_steps(lengths: list[int]) -> None:
+    """Refuse ranks that would run different numbers of steps where they must step together."""
+    if len(set(lengths)) != 1:
+        raise RuntimeError(
+            f"Ranks disagree on the number of training steps per epoch ({lengths}); every rank"
+            " must load the same training set."
+        )
+
+
+def refuse_step_counting(trainer: "pl.Trainer", what: str) -> None:
+    """Refuse Trainer options counted in steps when ranks make different numbers of steps.
+
+    Anything counted in steps would stop or validate ranks at different points and leave the
+    others waiting. ``what`` names the option that makes the steps uneven.
+    """
+    problems = []
+    if trainer.max_steps != -1:
+        problems.append(f"max_steps={trainer.max_steps}")
+    if trainer.limit_train_batches not in (1.0, None):
+        problems.append(f"limit_train_batches={trainer.limit_train_batches}")
+    if trainer.val_check_interval != 1.0:
+        problems.append(f"val_check_interval={trainer.val_check_interval}")
+    if problems:
+        raise ValueError(
+            f"{what} gives ranks different numbers of steps per epoch, so training is"
+            f" counted in epochs only; remove {', '.join(problems)} from the Trainer."
+        )

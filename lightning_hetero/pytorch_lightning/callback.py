@@ -1,0 +1,213 @@
+# Generated from lightning_hetero/callback.py by `make generate`; do not edit.  # ruff: noqa
+# fmt: off
+"""HeteroCallback: the Lightning adapter of the re-planner (hooks, logging, checkpoints)."""
+
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.loggers import TensorBoardLogger
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+from typing_extensions import override
+
+from lightning_hetero.pytorch_lightning._lightning import settle_logged_metrics
+from lightning_hetero.planning.split import is_count
+from lightning_hetero.replan import Replanner
+
+__all__ = ["HeteroCallback"]
+
+#: Version of the checkpointed state; bump when its layout changes and migrate the older
+#: versions in ``_migrate`` (a checkpoint written by one release must load in the next).
+#: 1: plan, controller, history, counters. 2: adds ``ranks`` (host, local rank, batch size
+#: and throughput of each rank at the last boundary).
+STATE_VERSION = 2
+
+
+def _migrate(state: dict[str, Any]) -> dict[str, Any]:
+    """Bring a checkpointed state of any version this release reads to ``STATE_VERSION``.
+
+    Raises:
+        ValueError: the state is not a HeteroCallback state, or a newer release wrote it.
+    """
+    version = state.get("version")
+    if not is_count(version):
+        raise ValueError(
+            f"This checkpoint's HeteroCallback state has no valid version (found {version!r});"
+            f" lightning_hetero writes an integer from 1 to {STATE_VERSION}. Was it written by"
+            " lightning_hetero?"
+        )
+    if version > STATE_VERSION:
+        raise ValueError(
+            f"This checkpoint's HeteroCallback state has version {version}, written by a newer"
+            f" lightning_hetero; this release reads versions 1 to {STATE_VERSION}. Upgrade"
+            " lightning_hetero to resume from it."
+        )
+    state = dict(state)
+    if version == 1:
+        state["ranks"] = []  # not recorded: a new world size falls back to a uniform plan
+    state["version"] = STATE_VERSION
+    return state
+
+
+class HeteroCallback(Callback):
+    """The Lightning face of :class:`~lightning_hetero.replan.Replanner`.
+
+    It hands Lightning's training hooks to the strategy's re-planner (after every training
+    batch the step timings are folded into an EWMA; at each boundary, an epoch end or every
+    ``adjust_every`` batches, every rank's report is all-gathered, every rank runs the
+    controller (a ``replicable`` one; otherwise rank 0 runs it and broadcasts the plan),
+    applies the plan and appends a record to ``strategy.history``), logs records to every
+    attached logger (every epoch boundary; a boundary every N batches when it changed the
+    plan or ``Trainer(log_every_n_steps=...)`` steps have passed since the last one logged):
+    ``hetero/batch_size/rank{k}``, ``hetero/compute_time/rank{k}``,
+    ``hetero/wait_time/rank{k}``, ``hetero/throughput/rank{k}``,
+    ``hetero/memory_used/rank{k}``, ``hetero/balance``, ``hetero/adjustments`` and, where
+    plan changes are checked against the step time (``revert_slower``), ``hetero/step_time``
+    (the measured wall time of a step) and ``hetero/reverts`` (changes undone), and saves
+    the re-planner's state in checkpoints (plan, rank 0's controller, history, and each
+    rank's host, local rank and throughput at the last boundary). A resume with the same
+    world size continues the saved plan and controller; with another world size the plan is
+    made anew, in proportion to the saved throughputs of the ranks that come back on the
+    same host and local rank (see
+    :func:`~lightning_hetero.planning.faults.weights_for_new_world`).
+
+    A rank held at ``min_batch_size`` although its speed asks for less slows every step;
+    the first boundary that finds one warns once (per rank) and suggests removing it
+    (paper 001). ``history`` entries list such ranks under ``held_at_minimum``.
+
+    The strategy attaches one automatically; pass your own instance in
+    ``Trainer(callbacks=...)`` to change its options. It works with any strategy that has
+    a ``replanner`` (:class:`~lightning_hetero.HeteroStrategy`).
+
+    Args:
+        tensorboard_layout: add a TensorBoard custom-scalars layout that draws batch size,
+            compute time, wait time and throughput of all ranks as one chart each.
+    """
+
+    def __init__(self, tensorboard_layout: bool = True) -> None:
+        self.tensorboard_layout = tensorboard_layout
+        self._restored: dict[str, Any] | None = None
+        self._replanner: Replanner | None = None
+        self._started = False  # this fit's `on_fit_start` ran
+        self._logged_step: int | None = None  # the global step of the last record logged
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return "HeteroCallback"
+
+    # ---------------------------------------------------------------- lifecycle
+    @staticmethod
+    def _replanner_of(trainer: "pl.Trainer") -> Replanner:
+        replanner = getattr(trainer.strategy, "replanner", None)
+        if not isinstance(replanner, Replanner):
+            raise TypeError(
+                "HeteroCallback needs Trainer(strategy=HeteroStrategy(...)),"
+                f" got {type(trainer.strategy).__name__}."
+            )
+        return replanner
+
+    @override
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        replanner = self._replanner_of(trainer)
+        replanner.start()
+        self._replanner, self._started = replanner, True
+        self._logged_step = None
+        replanner.on_record = lambda entry: self._log(trainer, entry)
+        if self._restored is not None:
+            state, self._restored = self._restored, None
+            replanner.load_state_dict(state)
+        if self.tensorboard_layout:
+            self._add_tensorboard_layout(trainer)
+
+    @override
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        self._started = False
+
+    @override
+    def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._replanner_of(trainer).epoch_started()
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: "pl.Trainer",
+        pl_module: "pl.LightningModule",
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self._replanner_of(trainer).batch_finished(trainer.current_epoch, trainer.global_step)
+
+    @override
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        replanner = self._replanner_of(trainer)
+        settle_logged_metrics(trainer)  # Lightning's metric syncs before any collective of ours
+        replanner.epoch_finished(trainer.current_epoch, trainer.global_step)
+
+    # ---------------------------------------------------------------- logging
+    def _log(self, trainer: "pl.Trainer", entry: dict[str, Any]) -> None:
+        step = trainer.global_step
+        if (
+            self._replanner_of(trainer).adjust_every != "epoch"
+            and not entry["changed"]
+            and self._logged_step is not None
+            and step - self._logged_step < trainer.log_every_n_steps
+        ):
+            return  # every few batches: as often as Lightning logs, and every change
+        self._logged_step = step
+        metrics: dict[str, float] = {}
+        for rank, (b, t, w) in enumerate(
+            zip(entry["batch_sizes"], entry["compute_times"], entry["wait_times"])
+        ):
+            metrics[f"hetero/batch_size/rank{rank}"] = float(b)
+            metrics[f"hetero/compute_time/rank{rank}"] = t
+            metrics[f"hetero/wait_time/rank{rank}"] = w
+            metrics[f"hetero/throughput/rank{rank}"] = b / t if t > 0 else float("nan")
+        for rank, used in enumerate(entry["memory_used"]):
+            metrics[f"hetero/memory_used/rank{rank}"] = used
+        for name in ("updates", "staleness", "staleness_max"):
+            for rank, value in enumerate(entry.get(name) or []):
+                metrics[f"hetero/{name}/rank{rank}"] = float(value)
+        metrics["hetero/balance"] = entry["balance"]
+        replanner = self._replanner_of(trainer)
+        metrics["hetero/adjustments"] = float(replanner.adjustments)
+        if replanner.guard is not None:
+            metrics["hetero/step_time"] = entry["step_time"]
+            metrics["hetero/reverts"] = float(replanner.guard.reverts)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    @rank_zero_only
+    def _add_tensorboard_layout(self, trainer: "pl.Trainer") -> None:
+        charts = {
+            "batch size per rank": ["Multiline", [r"hetero/batch_size/rank\d+"]],
+            "compute time per rank (s)": ["Multiline", [r"hetero/compute_time/rank\d+"]],
+            "wait time per rank (s)": ["Multiline", [r"hetero/wait_time/rank\d+"]],
+            "throughput per rank (samples/s)": ["Multiline", [r"hetero/throughput/rank\d+"]],
+            "memory in use per rank (fraction)": ["Multiline", [r"hetero/memory_used/rank\d+"]],
+            "balance efficiency": ["Multiline", [r"hetero/balance"]],
+            "step time (s)": ["Multiline", [r"hetero/step_time"]],
+            "plan changes and reverts": ["Multiline", [r"hetero/adjustments", r"hetero/reverts"]],
+            "updates per rank": ["Multiline", [r"hetero/updates/rank\d+"]],
+            "staleness per rank (server versions)": ["Multiline", [r"hetero/staleness/rank\d+"]],
+        }
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_custom_scalars({"hetero": charts})
+
+    # ---------------------------------------------------------------- checkpoints
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        state = self._replanner.state_dict() if self._replanner is not None else {}
+        return {"version": STATE_VERSION, **state} if state else {}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if self._replanner is not None and self._started:
+            # strategies that restore after set-up (FSDP's) do it after `on_fit_start`
+            self._replanner.load_state_dict(_migrate(state_dict))
+        else:
+            self._restored = _migrate(state_dict)

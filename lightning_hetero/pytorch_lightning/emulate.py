@@ -1,0 +1,229 @@
+# Generated from lightning_hetero/emulate.py by `make generate`; do not edit.  # ruff: noqa
+# fmt: off
+"""Emulated heterogeneous workers on one machine."""
+
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from numbers import Real
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.utilities.data import extract_batch_size
+from typing_extensions import override
+
+__all__ = ["Throttle"]
+
+_MIN_NOISE_FACTOR = 0.05  # as the simulator: a delay never shrinks below 5% of itself
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _per_rank(name: str, value: Any) -> float | list[float]:
+    """``value`` as one number for every rank or a list with one per rank, each >= 0."""
+    if _number(value) and value >= 0:
+        return float(value)
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, (str, bytes))
+        and value
+        and all(_number(v) and v >= 0 for v in value)
+    ):
+        return [float(v) for v in value]
+    raise ValueError(
+        f"`{name}` must be a number >= 0 (every rank) or a non-empty sequence of numbers >= 0"
+        f" (one per rank), got {value!r}."
+    )
+
+
+class Throttle(Callback):
+    """Make rank ``k`` slower by ``sample_cost[k]`` seconds per sample of its batch.
+
+    The delay is added after the forward pass and before backward, so it counts as
+    compute time (before the gradients are ready), exactly as a slower device would.
+    Works with any strategy, which makes it the way to compare plain DDP with
+    :class:`~lightning_hetero.HeteroStrategy` on one machine.
+
+    The other costs of a real cluster can be added too: loading on the training thread
+    (``load_cost``), a device that is no faster below some batch size (``floor``), fixed
+    costs per step (``step_cost``) and noise. On a batch of ``b`` samples rank ``k`` sleeps
+    ``load_cost[k] * b`` in ``on_train_batch_start`` (before the forward, where
+    ``DataLoader(num_workers=0)`` loads) and ``max(floor[k], sample_cost[k] * b) +
+    step_cost[k]`` in ``on_before_backward``; see :meth:`delay_s`.
+
+    Args:
+        sample_cost: seconds per sample, one entry per global rank; or a mapping
+            ``{epoch: [costs]}`` whose latest entry at or before the current epoch
+            applies (epochs before the first entry run unthrottled).
+        unit: what the keys of a ``sample_cost`` mapping count: ``"epoch"``, or ``"step"``
+            (the trainer's ``global_step``, i.e. optimizer steps), to change speeds in the
+            middle of an epoch.
+        load_cost: seconds per sample of data loading on the training thread, before the
+            forward; one number for every rank or one per rank.
+        step_cost: seconds per step that the batch size does not change (kernel launches,
+            optimizer, the loop), added to the compute delay; one number or one per rank.
+        floor: the least compute delay of a step before ``step_cost`` (a device that takes
+            as long for any batch below its saturation); one number or one per rank. Like
+            ``load_cost`` and ``step_cost`` it does not change over time, and it applies
+            also before the first entry of a ``sample_cost`` mapping.
+        noise: relative standard deviation of every delay: each is multiplied by
+            ``max(0.05, 1 + N(0, noise))``.
+        seed: seed of the noise, combined with the global rank (runs repeat, ranks differ).
+
+    Example:
+        >>> Throttle(sample_cost=[0.004, 0.004, 0.006, 0.0015]).cost(rank=2, epoch=0)
+        0.006
+        >>> Throttle(sample_cost={0: [0.001, 0.001], 3: [0.001, 0.01]}).cost(rank=1, epoch=5)
+        0.01
+        >>> Throttle({0: [0.001, 0.001], 40: [0.001, 0.01]}, unit="step").cost(rank=1, epoch=39)
+        0.001
+        >>> throttle = Throttle([0.004, 0.002], load_cost=0.001, step_cost=0.02, floor=[0, 0.06])
+        >>> throttle.delay_s(rank=0, when=0, batch_size=32)  # (load, compute) seconds
+        (0.032, 0.148)
+        >>> throttle.delay_s(rank=1, when=0, batch_size=16)  # 0.002 * 16 is below the floor
+        (0.016, 0.08)
+    """
+
+    def __init__(
+        self,
+        sample_cost: Sequence[float] | Mapping[int, Sequence[float]],
+        unit: Literal["epoch", "step"] = "epoch",
+        *,
+        load_cost: float | Sequence[float] = 0.0,
+        step_cost: float | Sequence[float] = 0.0,
+        floor: float | Sequence[float] = 0.0,
+        noise: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if unit not in ("epoch", "step"):
+            raise ValueError(f"`unit` must be 'epoch' or 'step', got {unit!r}.")
+        self.load_cost = _per_rank("load_cost", load_cost)
+        self.step_cost = _per_rank("step_cost", step_cost)
+        self.floor = _per_rank("floor", floor)
+        if not (_number(noise) and noise >= 0):
+            raise ValueError(
+                f"`noise` must be a number >= 0 (a relative standard deviation), got {noise!r}."
+            )
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ValueError(f"`seed` must be an int, got {seed!r}.")
+        self.noise = float(noise)
+        self.seed = seed
+        self.unit = unit
+        schedule = dict(sample_cost) if isinstance(sample_cost, Mapping) else {0: sample_cost}
+        if not schedule:
+            raise ValueError("`sample_cost` is empty.")
+        self.schedule: dict[int, list[float]] = {}
+        for epoch, costs in sorted(schedule.items()):
+            costs = [float(c) for c in costs]
+            if int(epoch) < 0 or not costs or any(c < 0 for c in costs):
+                raise ValueError(
+                    f"{unit.capitalize()}s and costs must be >= 0 and non-empty,"
+                    f" got {epoch}: {costs}."
+                )
+            self.schedule[int(epoch)] = costs
+        sizes = {len(c) for c in self.schedule.values()}
+        if len(sizes) != 1:
+            raise ValueError("Every entry of `sample_cost` needs one cost per rank.")
+        widths = self._widths()
+        for name, width in widths.items():
+            if width != widths["sample_cost"]:
+                raise ValueError(
+                    f"`{name}` has {width} entries but `sample_cost` has"
+                    f" {widths['sample_cost']}: give one per rank, or one number."
+                )
+        self._batch_size = 0
+        self._rngs: dict[int, random.Random] = {}
+
+    def _widths(self) -> dict[str, int]:
+        """How many ranks each per-rank option has an entry for (numbers fit any)."""
+        widths = {"sample_cost": len(next(iter(self.schedule.values())))}
+        for name in ("load_cost", "step_cost", "floor"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                widths[name] = len(value)
+        return widths
+
+    def cost(self, rank: int, epoch: int) -> float:
+        """Seconds per sample for ``rank`` during ``epoch`` (a step when ``unit="step"``)."""
+        costs: list[float] | None = None
+        for start, entry in self.schedule.items():
+            if start <= epoch:
+                costs = entry
+        if costs is None:
+            return 0.0
+        if rank >= len(costs):
+            raise ValueError(f"Throttle has costs for {len(costs)} ranks; rank {rank} has none.")
+        return costs[rank]
+
+    def delay_s(self, rank: int, when: int, batch_size: int) -> tuple[float, float]:
+        """``(load_s, compute_s)`` of a step on ``batch_size`` samples, without noise.
+
+        ``when`` is the epoch (the step when ``unit="step"``). ``load_s`` is slept in
+        ``on_train_batch_start``, ``compute_s`` (``max(floor, cost * b) + step_cost``) in
+        ``on_before_backward``.
+        """
+        per_sample = self.cost(rank, when)  # checks the rank against sample_cost's width
+        load, step, floor = (
+            self._of(rank, value) for value in (self.load_cost, self.step_cost, self.floor)
+        )
+        return load * batch_size, max(floor, per_sample * batch_size) + step
+
+    @staticmethod
+    def _of(rank: int, value: float | list[float]) -> float:
+        return value[rank] if isinstance(value, list) else value
+
+    def noise_factor(self, rank: int) -> float:
+        """The next factor of ``rank``'s delays: ``max(0.05, 1 + N(0, noise))`` from a
+        generator seeded with ``seed`` and ``rank``; 1.0 (nothing drawn) without noise."""
+        if self.noise == 0:
+            return 1.0
+        rng = self._rngs.get(rank)
+        if rng is None:
+            rng = self._rngs[rank] = random.Random(f"lightning_hetero.Throttle:{self.seed}:{rank}")
+        return max(_MIN_NOISE_FACTOR, 1.0 + rng.gauss(0.0, self.noise))
+
+    @override
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        width = self._widths()["sample_cost"]  # every per-rank option has as many (__init__)
+        if width != trainer.world_size:
+            raise ValueError(
+                f"Throttle has costs for {width} ranks but the run has {trainer.world_size}."
+            )
+
+    @override
+    def on_train_batch_start(
+        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_size = extract_batch_size(batch)
+        self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, self._batch_size)[0]))
+
+    @override
+    def on_before_backward(
+        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Any
+    ) -> None:
+        self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, self._batch_size)[1]))
+
+    def emulate_step(self, trainer: "pl.Trainer", batch: Any) -> None:
+        """Sleep what a step on ``batch`` costs this rank now, loading included: what a
+        probe that times training steps outside the loop adds to each, as the loop's hooks
+        would."""
+        rank = trainer.global_rank
+        load_s, compute_s = self._delays(trainer, extract_batch_size(batch))
+        self._sleep(self._noisy(rank, load_s) + self._noisy(rank, compute_s))
+
+    def _delays(self, trainer: "pl.Trainer", batch_size: int) -> tuple[float, float]:
+        when = trainer.current_epoch if self.unit == "epoch" else trainer.global_step
+        return self.delay_s(trainer.global_rank, when, batch_size)
+
+    def _noisy(self, rank: int, delay: float) -> float:
+        """``delay`` times the rank's next noise factor (none is drawn for no delay)."""
+        return delay * self.noise_factor(rank) if delay > 0 else 0.0
+
+    @staticmethod
+    def _sleep(delay: float) -> None:
+        if delay > 0:
+            time.sleep(delay)

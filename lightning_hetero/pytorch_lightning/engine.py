@@ -1,0 +1,437 @@
+# Generated from lightning_hetero/engine.py by `make generate`; do not edit.  # ruff: noqa
+# fmt: off
+"""The hetero half of a strategy, mixed into a Lightning parallel strategy.
+
+:class:`HeteroEngine` is everything ``HeteroStrategy`` (DDP) and ``HeteroFSDPStrategy``
+(FSDP2) share: the plan state, the re-planner, the training mode the Lightning hooks are
+handed to, the training loader of each rank and the weighted reduction of logged values.
+Each strategy adds its constructor and how it wraps the model.
+"""
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.trainer.states import RunningStage, TrainerFn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from lightning_hetero._comm import CudaStepTimer, HostStepTimer
+from lightning_hetero.pytorch_lightning._data import (
+    check_training_loader,
+    refuse_several_training_loaders,
+    refuse_step_counting,
+    refuse_unequal_steps,
+    with_batch_sampler,
+)
+from lightning_hetero.pytorch_lightning._lightning import (
+    check_own_sigterm_only,
+    in_training_batch,
+    request_train_reload,
+)
+from lightning_hetero._probes import StepProbe, check_probe_options
+from lightning_hetero.pytorch_lightning.callback import HeteroCallback
+from lightning_hetero.collectives import Collectives, destroy_at_exit, is_mean, weighted_mean_
+from lightning_hetero.pytorch_lightning.emulate import Throttle
+from lightning_hetero.modes import Mode, ModeOptions, build_mode
+from lightning_hetero.plan_state import PlanState, check_plan_options
+from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
+from lightning_hetero.planning.base import Deadband
+from lightning_hetero.planning.dual import DualBatchPlan
+from lightning_hetero.replan import Replanner, check_replan_options
+from lightning_hetero.resources import gather_capacities
+from lightning_hetero.sampler import EpochPermutation
+
+__all__ = ["HeteroEngine", "hetero_parts"]
+
+
+def hetero_parts(
+    mode: str,
+    controller: str | Controller | None,
+    options: ModeOptions,
+    *,
+    deadband: Deadband,
+    smoothing: float,
+    batch_sizes: str | list[int],
+    min_batch_size: int | None,
+    max_batch_size: int | list[int] | str | None,
+    memory_safety: float,
+    probe_batch_sizes: list[int] | None,
+    modes: dict[str, type[Mode]] | None = None,
+) -> tuple[Mode, PlanState]:
+    """Check a strategy's hetero options and build its mode and plan state (before the
+    Lightning strategy is built, so that bad input fails first). ``modes``: the engine's
+    registry (default: DDP's)."""
+    check_replan_options(deadband, smoothing, options.adjust_every)
+    check_probe_options(memory_safety, probe_batch_sizes)
+    training_mode = build_mode(mode, controller, deadband, options, modes=modes)
+    total = options.global_batch_size
+    initial = check_plan_options(batch_sizes, total, min_batch_size, max_batch_size)
+    return training_mode, PlanState(initial, total, min_batch_size, max_batch_size)
+
+
+class HeteroEngine:
+    """Per-rank batch sizes for a Lightning ``ParallelStrategy`` (mix in before it).
+
+    The strategy's constructor checks its options with :func:`hetero_parts` and, once the
+    Lightning strategy is built, calls :meth:`_start_hetero`.
+    """
+
+    #: The running training mode, which every lifecycle hook is handed to.
+    training_mode: Mode
+    plan_state: PlanState
+    replanner: Replanner
+    #: What ``max_batch_size="auto"`` found on this rank: the bound and the fitted model.
+    memory_probe: dict[str, Any] | None
+    timer: HostStepTimer
+
+    def _start_hetero(
+        self,
+        training_mode: Mode,
+        plan_state: PlanState,
+        *,
+        shuffle: bool,
+        revert_slower: bool,
+        smoothing: float,
+        adjust_every: Any,
+        memory_safety: float,
+        probe_batch_sizes: list[int] | None,
+    ) -> None:
+        """Build the objects that hold what a run learns (options stay as given)."""
+        self.shuffle, self.smoothing, self.adjust_every = shuffle, smoothing, adjust_every
+        self.memory_safety, self.probe_batch_sizes = memory_safety, probe_batch_sizes
+        self.training_mode = training_mode
+        self.plan_state = plan_state
+        self.revert_slower = revert_slower
+        # the objective it checks, one step time for every rank, exists in lock-step modes
+        guard = StepTimeGuard() if revert_slower and training_mode.steps_together else None
+        self.replanner = Replanner(
+            self, training_mode.controller, smoothing, adjust_every, guard=guard
+        )
+        self.memory_probe = None
+        self.timer = HostStepTimer()
+        self._optimizers_ready = False  # set-up has built the optimizers
+        self._reload_after_setup = False  # the training data was loaded before that
+        training_mode.attach(self, self._replan)
+
+    # ---------------------------------------------------------------- public state
+    @property
+    def controller(self) -> Controller:
+        """The controller that re-plans at each boundary."""
+        return self.training_mode.controller
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The current plan, one batch size per global rank (empty until it is known)."""
+        return self.plan_state.batch_sizes
+
+    @property
+    def limits(self) -> BatchLimits | None:
+        """The global batch and per-rank bounds, once the training loader has been seen."""
+        return self.plan_state.limits
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """One record per boundary: plan, timings, balance, whether the plan changed."""
+        return self.replanner.history
+
+    @property
+    def merges(self) -> list[dict[str, Any]]:
+        """Local mode: one record per merge (weights, update counts, perturbation)."""
+        return self.training_mode.merges
+
+    @property
+    def server(self) -> Any:
+        """The parameter server (async mode, rank 0 only, while training)."""
+        return self.training_mode.server
+
+    @property
+    def dual_plan(self) -> DualBatchPlan | None:
+        """Dual batch size learning: the plan being run (``None`` for other controllers)."""
+        return self.training_mode.dual_plan
+
+    @property
+    def sampler(self) -> Any:
+        """This rank's training batch sampler (``None`` before the first training loader)."""
+        return self.training_mode.sampler
+
+    @property
+    def comm(self) -> Collectives:
+        """The plugin's own collectives on the default process group."""
+        device = self.root_device if self.parallel_devices else torch.device("cpu")  # bare
+        return Collectives(self.global_rank, self.world_size, device, self._timeout)
+
+    def gather_rows(self, values: Sequence[float]) -> list[list[float]]:
+        """All-gather one row of floats per rank; returns the rows in rank order."""
+        return self.comm.gather_rows(values)
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        """All-gather one picklable object per rank; returns them in rank order."""
+        return self.comm.gather_objects(value)
+
+    @contextmanager
+    def guarded(self, operation: str) -> Iterator[None]:
+        """Run a collective; if it fails, the error names the operation, this rank and, for a
+        timeout, the ``timeout`` option."""
+        with self.comm.guarded(operation):
+            yield
+
+    # ---------------------------------------------------------------- set-up
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        destroy_at_exit()
+        self._note_batch_norm()
+        self.plan_state.check_world(self.world_size)
+        if self.lightning_module is None:
+            return  # a bare strategy, e.g. for its collectives, as DDPStrategy allows
+        trainer = self.lightning_module.trainer
+        if not any(isinstance(cb, HeteroCallback) for cb in trainer.callbacks):
+            trainer.callbacks.append(HeteroCallback())
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        if not self.training_mode.steps_together and self._layer_sync is not None:
+            raise ValueError(
+                f"{self.training_mode.option_text()} does not synchronize ranks at every step;"
+                " SyncBatchNorm (`sync_batchnorm=True`) needs mode='bsp'."
+            )
+        self.training_mode.setup_environment()
+
+    @override
+    def setup(self, trainer: "pl.Trainer") -> None:
+        self.timer = CudaStepTimer() if self.root_device.type == "cuda" else HostStepTimer()
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        state = self.plan_state
+        self._note_batch_norm()  # `configure_model` may have added layers since
+        if fitting and state.initial in ("cores", "flops") and state.capacities is None:
+            state.capacities = gather_capacities(state.initial, self.root_device, self.comm)
+        # Wraps the model, registers the hooks and builds the optimizers; a
+        # `configure_optimizers` that reads `trainer.estimated_stepping_batches` makes Lightning
+        # load the training data in here, before the optimizers exist.
+        self._optimizers_ready = False
+        super().setup(trainer)
+        self._optimizers_ready = True
+        if not fitting:
+            return
+        if self._reload_after_setup:
+            # that early loader served for its length; the plan is made when Lightning loads
+            # the data again at its usual point, as in any other run
+            self._reload_after_setup = False
+            request_train_reload(trainer)
+        if not self.training_mode.even_steps:
+            refuse_step_counting(trainer, self.training_mode.option_text())
+        if not self.training_mode.steps_together:
+            check_own_sigterm_only(trainer)  # a per-step broadcast would tie the ranks again
+
+    def _note_batch_norm(self) -> None:
+        # a batch of one has no variance: BatchNorm refuses to train on it
+        module = self.lightning_module
+        batch_norm = module is not None and any(isinstance(m, _BatchNorm) for m in module.modules())
+        self.plan_state.default_min = 2 if batch_norm else 1
+
+    # ---------------------------------------------------------------- data
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        trainer = self.lightning_module.trainer
+        if trainer.state.stage != RunningStage.TRAINING:
+            return dataloader  # validation, test and predict keep Lightning's sharding
+        seed = check_training_loader(dataloader)
+        assert isinstance(dataloader, DataLoader)
+        state = self.plan_state
+        if state.plan is None and not self._optimizers_ready:
+            # Loaded inside `setup` (see there): Lightning needs only the number of steps,
+            # which an even split of the same global batch already has.
+            plan = state.provisional(dataloader.batch_size, self.world_size)
+            self._reload_after_setup = True
+        elif state.plan is None:
+            plan = state.plan = self._first_plan(dataloader)
+        else:
+            if state.rescale_pending:
+                state.rescale_pending = False
+                state.plan = self.training_mode.rescaled_plan() or state.rescaled(self.world_size)
+            plan = state.plan
+        epochs = EpochPermutation(len(dataloader.dataset), shuffle=self.shuffle, seed=seed)
+        # every batch, the last of an epoch or mega-batch too, has at least the lower bound
+        sampler = self.training_mode.batch_sampler(
+            epochs, plan, dataloader.drop_last, state.lower()
+        )
+        if self.training_mode.even_steps:
+            refuse_unequal_steps([int(row[0]) for row in self.gather_rows([len(sampler)])])
+        return with_batch_sampler(dataloader, sampler)
+
+    def _first_plan(self, loader: DataLoader) -> list[int]:
+        """Probe (``max_batch_size="auto"``, the mode's own) and make the first plan."""
+        trainer = self.lightning_module.trainer
+        emulation = [
+            lambda batch, cb=cb: cb.emulate_step(trainer, batch)
+            for cb in trainer.callbacks
+            if isinstance(cb, Throttle)
+        ]
+        mode = self.training_mode
+        # a sharded model's steps communicate: every rank probes the same sizes, and each
+        # step runs as in training (inside the sharded root's forward)
+        sharded = mode.probe_steps_communicate
+        probe = StepProbe(
+            self,
+            loader,
+            emulation,
+            mode.timed_step_extra,
+            agree=self.comm.any if sharded else None,
+            training_step=self.training_step if sharded else None,
+        )
+        state = self.plan_state
+        if state.max_batch_size == "auto" and self.memory_probe is None:
+            total = state.global_batch_size or (loader.batch_size or 1) * self.world_size
+            self.memory_probe = probe.memory(total, self.probe_batch_sizes, self.memory_safety)
+            state.measured_max = self.memory_probe["max_batch_sizes"]
+        own = self.training_mode.first_plan(loader, probe.time)
+        return own or state.resolve(loader.batch_size, self.world_size)
+
+    def set_input_scale(self, scale: float, global_batch_size: int | None = None) -> None:
+        """Inputs are now ``scale`` times as large per sample as those the plan was made for.
+
+        Progressive learning calls this when the image resolution changes (``scale``: the
+        ratio of pixel counts). From the next epoch the global batch is ``global_batch_size``
+        or the planned-for one divided by ``scale`` and capped by what fits, and the plan is
+        rescaled in proportion (see :meth:`PlanState.set_input_scale
+        <lightning_hetero.plan_state.PlanState.set_input_scale>`; with ``controller="dual"``
+        ``B_S`` is planned again). Call it on every rank with the same arguments.
+        """
+        if self.plan_state.set_input_scale(scale, global_batch_size):
+            request_train_reload(self.lightning_module.trainer)
+
+    # ---------------------------------------------------------------- plan changes
+    def apply_plan(self, batch_sizes: Sequence[int], from_step: int | None = None) -> None:
+        """Switch every rank to ``batch_sizes`` from training step ``from_step`` of this epoch.
+
+        Must be called on every rank with the same arguments. ``None`` means from the next
+        epoch; the step must not have been drawn by any rank's loader yet.
+        """
+        assert self.sampler is not None
+        plan = self.plan_state.checked(batch_sizes, self.world_size)
+        self.training_mode.apply_plan(plan, from_step)
+        self.plan_state.plan = plan
+
+    def restore_plan(
+        self, batch_sizes: Sequence[int], weights: Sequence[float] | None = None
+    ) -> None:
+        """Start (or continue) from ``batch_sizes``, e.g. a plan saved in a checkpoint.
+
+        ``weights``: one split weight per rank of this run, for when ``batch_sizes`` does not
+        fit it (another world size): the initial plan is then proportional to them.
+        """
+        self.plan_state.restore(batch_sizes, weights)
+
+    def _replan(self, updates: list[int] | None) -> None:
+        trainer = self.lightning_module.trainer
+        self.replanner.boundary(trainer.current_epoch, trainer.global_step, updates)
+
+    # ---------------------------------------------------------------- the loop
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        refuse_several_training_loaders(self.lightning_module.trainer)
+        self.training_mode.on_train_start()
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        self.training_mode.on_train_batch_start(batch_idx)
+
+    @override
+    def backward(
+        self,
+        closure_loss: torch.Tensor,
+        optimizer: torch.optim.Optimizer | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        run = super().backward
+        return self.training_mode.backward(
+            closure_loss, lambda loss: run(loss, optimizer, *args, **kwargs)
+        )
+
+    @override
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        super().post_backward(closure_loss)
+        # Every backward of a step is timed (manual optimization may run several); the step
+        # ends at its last backward or optimizer step, see `HostStepTimer`.
+        self.training_mode.post_backward()
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Any,
+        model: "pl.LightningModule | torch.nn.Module | None" = None,
+        **kwargs: Any,
+    ) -> Any:
+        run = super().optimizer_step
+        return self.training_mode.optimizer_step(
+            optimizer, lambda: run(optimizer, closure, model, **kwargs)
+        )
+
+    @override
+    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any | None = "mean") -> Any:
+        """``DDPStrategy.reduce``, with a training step's means weighted by batch size.
+
+        Inside the training loop's batches (where Lightning reduces the step-level values of
+        ``self.log(..., sync_dist=True)``), a mean weights rank ``k`` by the samples of its
+        current batch, ``b_k``: the per-sample mean over the global batch, which is what
+        DDP's plain mean is when every rank has the same batch. Elsewhere (epoch-level values,
+        which Lightning computes as a synced sum over a synced sample count, validation,
+        test) it is DDP's. A reduction during a step counts as waiting, not compute.
+        """
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        with self.timer.waiting():
+            weigh = is_mean(reduce_op) and tensor.is_floating_point() and self.comm.distributed
+            if weigh and in_training_batch(self.lightning_module):
+                # in place, as DDPStrategy.reduce. b_k is the mode's `share`, set in this
+                # strategy's `on_train_batch_start`: a value logged in a callback's or the
+                # module's `on_train_batch_start` (they run before it) gets the previous
+                # batch's weight, which differs only at a plan change.
+                return weighted_mean_(tensor, float(self.training_mode.share[0]), group)
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        with self.guarded(f"the barrier {name!r}" if name else "a barrier"):
+            super().barrier(name)
+
+    @override
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        trainer = self.lightning_module.trainer
+        self.timer.break_cycle()  # validation is no training step's cost
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self.training_mode.on_validation_start()
+
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self.training_mode.on_train_end()
+
+    # ---------------------------------------------------------------- checkpoints, faults
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        self.training_mode.before_model_state()
+        return super().lightning_module_state_dict()
+
+    @override
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        state = self.training_mode.optimizer_state(optimizer)
+        return super().optimizer_state(optimizer) if state is None else state
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        self.training_mode.on_exception(exception)
+        super().on_exception(exception)
+
+    @override
+    def teardown(self) -> None:
+        self.training_mode.teardown()
+        super().teardown()

@@ -1,0 +1,244 @@
+# Generated from lightning_hetero/fsdp.py by `make generate`; do not edit.  # ruff: noqa
+# fmt: off
+"""HeteroFSDPStrategy: sharded data parallelism (FSDP2) in which every rank has its own batch."""
+
+from datetime import timedelta
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning_fabric.strategies import _StrategyRegistry
+from pytorch_lightning.strategies import ModelParallelStrategy
+from pytorch_lightning.trainer.states import TrainerFn
+from typing_extensions import override
+
+from lightning_hetero.pytorch_lightning._lightning import materialize_module, optimizers_to_device
+from lightning_hetero._namespaces import SameCopy
+from lightning_hetero.pytorch_lightning.engine import HeteroEngine, hetero_parts
+from lightning_hetero.modes import ModeOptions, ShardedMode
+from lightning_hetero.planning import Controller
+
+__all__ = ["HeteroFSDPStrategy"]
+
+#: The modes sharded training runs: synchronous only.
+FSDP_MODES = {ShardedMode.name: ShardedMode}
+#: HeteroStrategy's options that only DDP modes have.
+_DDP_ONLY = ("weighted", "lr_scaling", "rpc_timeout", "megabatch_size", "delta")
+_DDP_ONLY += ("perturb_threshold", "gamma", "ddp_comm_hook", "find_unused_parameters")
+
+
+class _ShardedParallel(ModelParallelStrategy):
+    """``ModelParallelStrategy`` that shards the model itself when ``configure_model`` did not
+    (the hetero engine sits above it in the MRO and wraps its set-up)."""
+
+    training_mode: Any
+    shard_modules: list[str] | None
+
+    @override
+    def setup_environment(self) -> None:
+        if self._data_parallel_size == "auto":  # ModelParallelStrategy's "auto" is per node
+            self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    @override
+    def setup(self, trainer: "pl.Trainer") -> None:
+        # ModelParallelStrategy.setup without its demand for a `configure_model`: the model
+        # is sharded here unless the user's `configure_model` did it
+        assert self.model is not None and self.accelerator is not None
+        self.accelerator.setup(trainer)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting and self._layer_sync is not None:
+            # `Trainer(sync_batchnorm=True)`, which ModelParallelStrategy leaves unapplied:
+            # statistics over the union batch, whatever each rank's share (GPU only)
+            self.model = self._layer_sync.apply(self.model)
+        self.model = self.training_mode.setup_model(self.model, self._shard)
+        materialize_module(self.model, self.root_device)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.barrier()
+        if fitting:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if fitting:
+            optimizers_to_device(self.optimizers, self.root_device)
+            self.training_mode.register_hooks(self.model)
+
+    # Each step method runs inside the sharded root's forward (``ShardedMode.redirect``), so
+    # FSDP's hooks gather the root's parameters whatever the step calls: Lightning's own
+    # redirection runs only when the wrapped model is another object than the module.
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.train_step_context():
+            return self.training_mode.redirect(self.model, "training_step", *args, **kwargs)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.val_step_context():
+            return self.training_mode.redirect(self.model, "validation_step", *args, **kwargs)
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.test_step_context():
+            return self.training_mode.redirect(self.model, "test_step", *args, **kwargs)
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.predict_step_context():
+            return self.training_mode.redirect(self.model, "predict_step", *args, **kwargs)
+
+    def _shard(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Apply ``fully_shard`` as ``shard_modules`` says, unless the model is sharded."""
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel, fully_shard
+        from torch.distributed.tensor import DTensor
+
+        if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+            raise TypeError(
+                f"{type(module).__name__} holds modules wrapped in FSDP1's"
+                " FullyShardedDataParallel; HeteroFSDPStrategy shards with FSDP2: apply"
+                " `torch.distributed.fsdp.fully_shard` in `configure_model` instead, or let"
+                " HeteroFSDPStrategy shard the model (leave it unwrapped)."
+            )
+        if any(isinstance(m, torch.nn.parallel.DistributedDataParallel) for m in module.modules()):
+            raise TypeError(
+                f"{type(module).__name__} holds a DistributedDataParallel module;"
+                " HeteroFSDPStrategy shards the model itself: leave it unwrapped."
+            )
+        if any(isinstance(m, FSDPModule) for m in module.modules()):
+            return module  # the user's `configure_model` sharded it: keep that
+        if any(isinstance(p, DTensor) for p in module.parameters()):
+            raise TypeError(
+                f"{type(module).__name__} has distributed (DTensor) parameters from another"
+                " parallelism (e.g. tensor parallelism), which HeteroFSDPStrategy does not"
+                " support: leave the model unparallelized."
+            )
+        mesh = self.device_mesh["data_parallel"]
+        names = set(self.shard_modules or ())
+        found = set()
+        for child in list(module.modules())[1:]:
+            name = type(child).__name__  # before sharding: it renames the class
+            if name in names:
+                fully_shard(child, mesh=mesh)
+                found.add(name)
+        if names - found:
+            raise ValueError(
+                f"`shard_modules` names {sorted(names - found)}, which {type(module).__name__}"
+                " does not contain."
+            )
+        fully_shard(module, mesh=mesh)
+        return module
+
+
+class HeteroFSDPStrategy(SameCopy, HeteroEngine, _ShardedParallel):
+    """Fully sharded data parallelism (FSDP2) where each rank's batch size follows its speed.
+
+    Parameters, gradients and optimizer state are sharded over the ranks with
+    ``torch.distributed.fsdp.fully_shard``, as Lightning's ``ModelParallelStrategy`` does, so
+    models that do not fit one device train, and GPUs with less memory can be given smaller
+    batches (``max_batch_size="auto"`` measures each rank's own bound under sharding).
+    Rank ``k`` trains on ``b_k`` samples of each global batch of ``B``; its loss is scaled by
+    ``K * b_k / B`` before backward, so FSDP's averaging reduce-scatter yields exactly the
+    gradient of the mean loss over the ``B`` samples. Compute time excludes the time a rank
+    waits for the others in FSDP's collectives, so the controller sees each rank's speed.
+
+    The model needs no change: if its ``configure_model`` applied ``fully_shard``, that
+    sharding is kept; otherwise each module whose class is named in ``shard_modules`` is
+    sharded, then the LightningModule itself (the root).
+
+    Args:
+        data_parallel_size: ranks in the data-parallel (sharding) group; ``"auto"``: all.
+        tensor_parallel_size: must be 1 (tensor parallelism is not supported yet).
+        save_distributed_checkpoint: each rank saves its shard (a folder); ``False``: one
+            full checkpoint file from rank 0. Both carry the plan and the controller.
+        process_group_backend: as ``ModelParallelStrategy`` (``"gloo"`` on CPU).
+        timeout: how long a collective waits for every rank.
+        mode: ``"bsp"`` only: sharded training is synchronous.
+        shard_modules: class names of the submodules to shard each on their own (e.g.
+            ``["TransformerBlock"]``), before the root; default: only the root.
+        controller, batch_sizes, global_batch_size, min_batch_size, max_batch_size,
+            memory_safety, probe_batch_sizes, deadband, revert_slower, smoothing,
+            adjust_every, shuffle: as
+            :class:`~lightning_hetero.HeteroStrategy`.
+    """
+
+    strategy_name = "hetero_fsdp"
+
+    def __init__(
+        self,
+        data_parallel_size: Literal["auto"] | int = "auto",
+        tensor_parallel_size: Literal["auto"] | int = 1,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        *,
+        mode: Literal["bsp"] = "bsp",
+        shard_modules: list[str] | None = None,
+        controller: str | Controller | None = None,
+        batch_sizes: str | list[int] = "uniform",
+        global_batch_size: int | None = None,
+        min_batch_size: int | None = None,
+        max_batch_size: int | list[int] | Literal["auto"] | None = None,
+        memory_safety: float = 0.9,
+        probe_batch_sizes: list[int] | None = None,
+        deadband: float | Literal["auto"] = "auto",
+        revert_slower: bool = True,
+        smoothing: float = 0.8,
+        adjust_every: Literal["epoch"] | int = "epoch",
+        shuffle: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        ddp_only = sorted(set(kwargs) & set(_DDP_ONLY))
+        if ddp_only:
+            raise TypeError(
+                f"HeteroFSDPStrategy does not take {ddp_only}: they belong to HeteroStrategy's"
+                " DDP modes. Remove them, or train with HeteroStrategy."
+            )
+        if kwargs:
+            raise TypeError(f"HeteroFSDPStrategy got unexpected arguments {sorted(kwargs)}.")
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                f"HeteroFSDPStrategy shards over data-parallel ranks only; got"
+                f" tensor_parallel_size={tensor_parallel_size!r}. Tensor parallelism with"
+                " per-rank batch sizes is not supported: use tensor_parallel_size=1, or"
+                " Lightning's ModelParallelStrategy with equal batches."
+            )
+        if mode not in FSDP_MODES:
+            raise ValueError(
+                f"HeteroFSDPStrategy runs mode='bsp' only (sharded training is synchronous),"
+                f" got mode={mode!r}; for {mode!r} use HeteroStrategy(mode={mode!r})."
+            )
+        if shard_modules is not None and not all(isinstance(n, str) for n in shard_modules):
+            raise TypeError(f"`shard_modules` must be a list of class names, got {shard_modules}.")
+        options = ModeOptions(adjust_every=adjust_every, global_batch_size=global_batch_size)
+        training_mode, plan_state = hetero_parts(
+            mode, controller, options, deadband=deadband, smoothing=smoothing,
+            batch_sizes=batch_sizes, min_batch_size=min_batch_size, max_batch_size=max_batch_size,
+            memory_safety=memory_safety, probe_batch_sizes=probe_batch_sizes, modes=FSDP_MODES,
+        )  # fmt: skip
+        super().__init__(
+            data_parallel_size=data_parallel_size,
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.mode, self.deadband, self.shard_modules = mode, deadband, shard_modules
+        self._start_hetero(
+            training_mode,
+            plan_state,
+            shuffle=shuffle,
+            revert_slower=revert_slower,
+            smoothing=smoothing,
+            adjust_every=adjust_every,
+            memory_safety=memory_safety,
+            probe_batch_sizes=probe_batch_sizes,
+        )
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register(
+            cls.strategy_name,
+            cls,
+            description="FSDP2 with per-rank batch sizes that follow each rank's speed",
+        )

@@ -1,0 +1,219 @@
+# Generated from lightning_hetero/strategy.py by `make generate`; do not edit.  # ruff: noqa
+# fmt: off
+"""HeteroStrategy: DDP in which every rank gets its own batch size.
+
+The strategy is ``DDPStrategy`` with the hetero engine mixed in
+(:class:`~lightning_hetero.pytorch_lightning.engine.HeteroEngine`), which hands every lifecycle hook to the
+training mode (:mod:`lightning_hetero.modes`), makes plans with the plan state
+(:class:`~lightning_hetero.plan_state.PlanState`) and runs boundaries with the re-planner
+(:class:`~lightning_hetero.replan.Replanner`). Here: the options, and how DDP wraps the model.
+"""
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning_fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning_fabric.strategies import _StrategyRegistry
+from pytorch_lightning.plugins.precision import Precision
+from pytorch_lightning.strategies import DDPStrategy
+from typing_extensions import override
+
+from lightning_hetero._namespaces import SameCopy
+from lightning_hetero.pytorch_lightning.engine import HeteroEngine, hetero_parts
+from lightning_hetero.modes import ModeOptions
+from lightning_hetero.planning import Controller
+
+__all__ = ["HeteroStrategy"]
+
+
+class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
+    """Data-parallel training where each rank's batch size follows its speed.
+
+    The global batch ``B`` stays fixed; rank ``k`` trains on ``b_k`` samples per step,
+    gradients are combined with weights ``b_k / B`` (exactly the gradient of the mean
+    loss over ``B`` samples), and a controller re-plans the split from measured
+    compute times so that fast ranks stop waiting for slow ones.
+
+    Args:
+        mode: ``"bsp"``: synchronous, gradients all-reduced with weights ``b_k / B``.
+            ``"async"``: a parameter server in rank 0's process applies each rank's gradient
+            as it arrives, with learning rate ``lr * b_k / B``; ranks never wait for each
+            other within an epoch. ``"local"``: local SGD; each rank steps its own replica
+            on batches claimed from a shared pool of ``megabatch_size`` samples, and the
+            replicas are merged after each mega-batch (see the README for details).
+        controller: a controller name (``"proportional"``, ``"model"``, ``"lbbsp"``,
+            ``"stepwise"``, ``"updates"``, ``"static"``; built with ``deadband``;
+            ``"dual"``, dual batch size learning, with ``mode="async"`` only) or a
+            :class:`~lightning_hetero.planning.Controller` instance. Default:
+            ``"updates"`` in local mode, ``"proportional"`` otherwise.
+        batch_sizes: the initial plan: ``"uniform"``, ``"cores"`` (CPU cores each rank's
+            process may use), ``"flops"`` (GPU SMs x clock via NVML, falling back to
+            cores), or one batch size per rank.
+        global_batch_size: ``B``; default: the sum of an explicit plan, else the training
+            loader's ``batch_size`` times the world size.
+        min_batch_size: smallest batch any rank may get, in every step including the
+            epoch's last, smaller one (padded with the epoch's first samples when too few are
+            left, as DDP's sampler pads). Default: 2 for a model with BatchNorm layers (which
+            cannot train on a batch of one), else 1.
+        max_batch_size: largest batch any rank may get (default: no limit but ``B``): one
+            number, one per rank, or ``"auto"``: each rank measures the peak memory of real
+            training steps at a few batch sizes before training, fits
+            ``memory = fixed + per_sample * b`` and takes the largest ``b`` that stays under
+            ``memory_safety`` of its free memory (model, optimizer and random state are put
+            back afterwards; see the README).
+        memory_safety: fraction of the free memory ``max_batch_size="auto"`` plans for, in
+            ``(0, 1]``.
+        probe_batch_sizes: batch sizes ``max_batch_size="auto"`` probes (default: four
+            sizes doubling up to ``B``); sizes that would not fit are skipped or caught.
+        deadband: how much better a new plan must be before the plan changes (controllers
+            built by name; each controller's docstring says what it compares): a relative
+            gain in ``[0, 1)``, or ``"auto"``: twice the measured relative noise of the
+            ranks' step times, at least 1% (controllers without ``"auto"`` use 5%).
+        revert_slower: BSP: check every plan change against the measured wall time of a
+            step and undo a change that made steps slower beyond the measured noise; later
+            changes then move half as far (see the README, "Never slower than DDP").
+        smoothing: EWMA factor of step times, in ``[0, 1)``; 0 keeps only the last step.
+        adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
+        weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
+            (inexact with unequal batches; for ablations only). BSP mode only.
+        shuffle: draw a new permutation of the training set every epoch (seeded by
+            ``seed_everything``, the same on every rank), as ``DDPStrategy``'s sampler does
+            whatever the loader says; ``False`` keeps the dataset's own order.
+        lr_scaling: async mode: apply rank ``k``'s gradient with learning rate
+            ``lr * b_k / B`` (paper 002 Eq. 5b); ``False`` uses ``lr`` (for ablations).
+            Local mode: step rank ``k``'s replica with ``lr * b_k * K / B`` (the linear
+            scaling rule around an even split of ``B`` over ``K`` ranks); ``False`` uses
+            ``lr`` on every rank.
+        rpc_timeout: async mode: seconds a push or pull to the parameter server may take
+            before the rank stops with an error naming it.
+        timeout: how long a collective waits for every rank (``DDPStrategy``'s option). A rank
+            that hangs or dies stops the others after this long; their error names the
+            operation (e.g. the gradient all-reduce in backward) and this option.
+        megabatch_size: local mode: samples claimed between two merges (default: ten
+            global batches); must be at least ``B``.
+        delta: local mode: perturbation factor of the merge weights of the replicas with the
+            most and the fewest updates, in ``[0, 1)``; 0 turns perturbation off.
+        perturb_threshold: local mode: perturb only when every replica's L2 norm per
+            parameter is below this (``> 0``).
+        gamma: local mode: merge momentum in ``[0, 1)``: the merged model is
+            ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 (default) is plain weighted
+            averaging. ``gamma > 0`` amplifies a steady move up to ``1 / (1 - gamma)`` times
+            and needs a smaller learning rate (see the README).
+        **kwargs: forwarded to :class:`~torch.nn.parallel.DistributedDataParallel`
+            (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``.
+
+    The positional arguments are those of :class:`~pytorch_lightning.strategies.DDPStrategy`,
+    in its order; the options above are keyword-only. DDP communication hooks and
+    post-local-SGD are refused: gradients are weighted by scaling each rank's loss and
+    averaged by DDP's own all-reduce, which they would replace.
+
+    The first plan is made when Lightning loads the training data at the start of ``fit``,
+    after the optimizers exist (see the README for ``estimated_stepping_batches``).
+    """
+
+    strategy_name = "hetero"
+
+    def __init__(
+        self,
+        accelerator: "pl.accelerators.Accelerator | None" = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable | None = None,
+        ddp_comm_wrapper: Callable | None = None,
+        model_averaging_period: int | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        *,
+        mode: Literal["bsp", "async", "local"] = "bsp",
+        controller: str | Controller | None = None,
+        batch_sizes: str | list[int] = "uniform",
+        global_batch_size: int | None = None,
+        min_batch_size: int | None = None,
+        max_batch_size: int | list[int] | Literal["auto"] | None = None,
+        memory_safety: float = 0.9,
+        probe_batch_sizes: list[int] | None = None,
+        deadband: float | Literal["auto"] = "auto",
+        revert_slower: bool = True,
+        smoothing: float = 0.8,
+        adjust_every: Literal["epoch"] | int = "epoch",
+        weighted: bool = True,
+        shuffle: bool = True,
+        lr_scaling: bool = True,
+        rpc_timeout: float = 300.0,
+        megabatch_size: int | None = None,
+        delta: float = 0.1,
+        perturb_threshold: float = 0.1,
+        gamma: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        own_hook = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+        given = (ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper, model_averaging_period)
+        forbidden = [name for name, value in zip(own_hook, given) if value is not None]
+        if forbidden:
+            raise ValueError(
+                f"HeteroStrategy does not take {forbidden}: it weights each rank's gradient by"
+                " scaling its loss and relies on DDP's own averaging all-reduce, which a"
+                " communication hook or post-local-SGD would replace (Lightning registers them"
+                " on CUDA only). For local SGD use HeteroStrategy(mode='local')."
+            )
+        options = ModeOptions(
+            adjust_every, weighted, lr_scaling, rpc_timeout, megabatch_size, delta,
+            perturb_threshold, gamma, global_batch_size,
+        )  # fmt: skip
+        training_mode, plan_state = hetero_parts(
+            mode, controller, options, deadband=deadband, smoothing=smoothing,
+            batch_sizes=batch_sizes, min_batch_size=min_batch_size, max_batch_size=max_batch_size,
+            memory_safety=memory_safety, probe_batch_sizes=probe_batch_sizes,
+        )  # fmt: skip
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            **kwargs,
+        )
+        # options, as given (scikit-learn style); what a run learns lives in the objects
+        self.mode, self.deadband = mode, deadband
+        self.weighted, self.lr_scaling, self.rpc_timeout = weighted, lr_scaling, rpc_timeout
+        self.megabatch_size, self.delta, self.gamma = megabatch_size, delta, gamma
+        self.perturb_threshold = perturb_threshold
+        self._start_hetero(
+            training_mode,
+            plan_state,
+            shuffle=shuffle,
+            revert_slower=revert_slower,
+            smoothing=smoothing,
+            adjust_every=adjust_every,
+            memory_safety=memory_safety,
+            probe_batch_sizes=probe_batch_sizes,
+        )
+
+    @override
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        # no DDP for modes without it: async pushes to the server, local keeps replicas
+        return self.training_mode.setup_model(model, super()._setup_model)
+
+    @override
+    def _register_ddp_hooks(self) -> None:
+        self.training_mode.register_hooks(self.model)
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register(
+            cls.strategy_name,
+            cls,
+            description="DDP with per-rank batch sizes that follow each rank's speed",
+        )
