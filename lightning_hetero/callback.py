@@ -1,14 +1,16 @@
 """HeteroCallback: the Lightning adapter of the re-planner (hooks, logging, checkpoints)."""
 
+import re
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
-from lightning_hetero._lightning import settle_logged_metrics
+from lightning_hetero._lightning import logging_step, settle_logged_metrics
 from lightning_hetero.planning.split import is_count
 from lightning_hetero.replan import Replanner
 
@@ -84,6 +86,7 @@ class HeteroCallback(Callback):
 
     def __init__(self, tensorboard_layout: bool = True) -> None:
         self.tensorboard_layout = tensorboard_layout
+        self._layout_added = not tensorboard_layout
         self._restored: dict[str, Any] | None = None
         self._replanner: Replanner | None = None
         self._started = False  # this fit's `on_fit_start` ran
@@ -115,8 +118,7 @@ class HeteroCallback(Callback):
         if self._restored is not None:
             state, self._restored = self._restored, None
             replanner.load_state_dict(state)
-        if self.tensorboard_layout:
-            self._add_tensorboard_layout(trainer)
+        self._layout_added = not self.tensorboard_layout
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
@@ -145,7 +147,10 @@ class HeteroCallback(Callback):
 
     # ---------------------------------------------------------------- logging
     def _log(self, trainer: "pl.Trainer", entry: dict[str, Any]) -> None:
-        step = trainer.global_step
+        metrics = self._metrics(trainer, entry)
+        # monitorable by ModelCheckpoint, EarlyStopping, ... like anything `self.log` logs
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+        step = logging_step(trainer)  # where Lightning logs this step's own metrics
         if (
             self._replanner_of(trainer).adjust_every != "epoch"
             and not entry["changed"]
@@ -154,6 +159,13 @@ class HeteroCallback(Callback):
         ):
             return  # every few batches: as often as Lightning logs, and every change
         self._logged_step = step
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        if not self._layout_added:  # with the first metrics: it charts only what is logged
+            self._layout_added = True
+            self._add_tensorboard_layout(trainer, list(metrics))
+
+    def _metrics(self, trainer: "pl.Trainer", entry: dict[str, Any]) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for rank, (b, t, w) in enumerate(
             zip(entry["batch_sizes"], entry["compute_times"], entry["wait_times"])
@@ -173,11 +185,10 @@ class HeteroCallback(Callback):
         if replanner.guard is not None:
             metrics["hetero/step_time"] = entry["step_time"]
             metrics["hetero/reverts"] = float(replanner.guard.reverts)
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
+        return metrics
 
     @rank_zero_only
-    def _add_tensorboard_layout(self, trainer: "pl.Trainer") -> None:
+    def _add_tensorboard_layout(self, trainer: "pl.Trainer", names: list[str]) -> None:
         charts = {
             "batch size per rank": ["Multiline", [r"hetero/batch_size/rank\d+"]],
             "compute time per rank (s)": ["Multiline", [r"hetero/compute_time/rank\d+"]],
@@ -189,6 +200,11 @@ class HeteroCallback(Callback):
             "plan changes and reverts": ["Multiline", [r"hetero/adjustments", r"hetero/reverts"]],
             "updates per rank": ["Multiline", [r"hetero/updates/rank\d+"]],
             "staleness per rank (server versions)": ["Multiline", [r"hetero/staleness/rank\d+"]],
+        }
+        charts = {
+            title: chart
+            for title, chart in charts.items()
+            if any(re.fullmatch(pattern, name) for pattern in chart[1] for name in names)
         }
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):

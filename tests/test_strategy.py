@@ -1,3 +1,4 @@
+import csv
 import subprocess
 import sys
 
@@ -149,17 +150,19 @@ class _Model(BoringModel):
 def _fit(loader_fn, callbacks=(), model_class=None, trainer_options=None, **strategy_kwargs):
     # One-process checks of set-up and data handling: nothing to log or checkpoint. Real
     # programs with every Lightning default on run in tests/e2e/test_user_programs.py.
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        strategy=HeteroStrategy(**strategy_kwargs),
+    options = dict(
         max_epochs=2,
-        callbacks=list(callbacks),
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        **(trainer_options or {}),
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=HeteroStrategy(**strategy_kwargs),
+        callbacks=list(callbacks),
+        **{**options, **(trainer_options or {})},
     )
     model = (model_class or _Model)(loader_fn)
     trainer.fit(model)
@@ -464,3 +467,57 @@ def test_batchnorm_model_that_would_get_one_sample_per_rank_fails_naming_the_opt
 
     with pytest.raises(PlanError, match="BatchNorm.*`min_batch_size` defaults to 2"):
         _fit(lambda: DataLoader(RandomDataset(32, 16), batch_size=1), model_class=Normed)
+
+
+@pytest.mark.parametrize(
+    ("mode", "shown", "hidden"),
+    [
+        ("bsp", "step time (s)", "staleness per rank (server versions)"),
+        ("async", "staleness per rank (server versions)", "step time (s)"),
+    ],
+)
+def test_the_tensorboard_layout_charts_only_what_the_mode_logs(
+    tmp_path, monkeypatch, mode, shown, hidden
+):
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from torch.utils.tensorboard import SummaryWriter
+
+    layouts = []
+    monkeypatch.setattr(
+        SummaryWriter, "add_custom_scalars", lambda self, layout: layouts.append(layout)
+    )
+    _fit(
+        lambda: DataLoader(RandomDataset(32, 16), batch_size=4),
+        trainer_options={"logger": TensorBoardLogger(tmp_path)},
+        mode=mode,
+    )
+    assert len(layouts) == 1
+    charts = layouts[0]["hetero"]
+    assert shown in charts and hidden not in charts
+    assert "batch size per rank" in charts
+
+
+def test_metrics_are_logged_at_lightnings_step_and_are_in_callback_metrics(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Logged(_Model):
+        def training_step(self, batch, batch_idx):
+            output = super().training_step(batch, batch_idx)
+            self.log("train_loss", output["loss"])
+            return output
+
+    trainer = _fit(
+        lambda: DataLoader(RandomDataset(32, 16), batch_size=4),
+        model_class=Logged,
+        trainer_options={"logger": CSVLogger(tmp_path), "log_every_n_steps": 1},
+        adjust_every=2,
+    )
+    with open(trainer.logger.log_dir + "/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    ours = [int(r["step"]) for r in rows if r.get("hetero/balance")]
+    lightnings = [int(r["step"]) for r in rows if r.get("train_loss")]
+    # boundaries after batches 1 and 3 of each 4-batch epoch: Lightning logs those at 1, 3, ...
+    assert ours[:2] == [1, 3] and set(ours) <= set(lightnings)
+    last = trainer.strategy.history[-1]
+    assert trainer.callback_metrics["hetero/balance"].item() == pytest.approx(last["balance"])
+    assert trainer.callback_metrics["hetero/batch_size/rank0"].item() == 4

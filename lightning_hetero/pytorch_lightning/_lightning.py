@@ -24,6 +24,7 @@ __all__ = [
     "SUPPORTED",
     "check_own_sigterm_only",
     "in_training_batch",
+    "logging_step",
     "materialize_module",
     "optimizers_to_device",
     "request_train_reload",
@@ -39,6 +40,7 @@ PRIVATE_ATTRIBUTES = (
     ("", "_logger_connector"),
     ("_logger_connector", "_first_loop_iter"),
     ("fit_loop.epoch_loop", "_broadcast_sigterm_tensor"),
+    ("fit_loop.epoch_loop", "_batches_that_stepped"),
 )
 #: Private functions of Lightning used here (``module``, ``name``).
 PRIVATE_FUNCTIONS = (
@@ -70,6 +72,16 @@ def settle_logged_metrics(trainer: "pl.Trainer") -> None:
     the callback order; values computed once are cached, so nothing is synced twice.
     """
     _ = trainer.callback_metrics
+
+
+def logging_step(trainer: "pl.Trainer") -> int:
+    """The step at which Lightning logs what is logged now (``self.log`` in a training step).
+
+    Lightning's loggers count batches that stepped, raised after a batch's
+    ``on_train_batch_end``; ``trainer.global_step`` counts optimizer steps and is already
+    raised there, one ahead.
+    """
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
 def request_train_reload(trainer: "pl.Trainer") -> None:
