@@ -19,7 +19,7 @@ import csv
 import math
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +69,9 @@ def _finite(values: Sequence[float]) -> list[float]:
 
 # ---------------------------------------------------------------- the inputs
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The boundary records in a Lightning ``CSVLogger`` ``metrics.csv``, as history entries.
+    """The boundary records a run's logger wrote, as history entries: a Lightning
+    ``CSVLogger`` ``metrics.csv``, or a ``TensorBoardLogger``'s event file or the folder that
+    holds it (Lightning's default logger; reading it needs the ``tensorboard`` package).
 
     Each row with a ``hetero/batch_size/rank{k}`` value (logged by
     :class:`~lightning_hetero.HeteroCallback` at a boundary) becomes one entry with
@@ -81,48 +83,84 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     the guard, or an older version) read with ``step_time`` NaN and ``reverted`` False.
 
     Raises:
-        ValueError: the file has no ``hetero/`` columns, or no row with a boundary.
+        ValueError: the log has no ``hetero/`` columns, or no row with a boundary.
     """
     path = Path(path)
-    with path.open(newline="", encoding="utf-8") as file:
-        reader = csv.DictReader(file)
-        columns: dict[str, tuple[str, int]] = {}
-        for name in reader.fieldnames or []:
-            match = _COLUMN.match(name)
-            if match:
-                columns[name] = (_FIELDS[match[1]], int(match[2]))
-        ranks = 1 + max(
-            (rank for field, rank in columns.values() if field == "batch_sizes"), default=-1
+    if path.is_dir() and (path / "metrics.csv").is_file():
+        path = path / "metrics.csv"
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as file:
+            reader = csv.DictReader(file)
+            return _entries(path, list(reader.fieldnames or []), reader)
+    names, rows = _tensorboard_rows(path)
+    return _entries(path, names, rows)
+
+
+def _tensorboard_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """The ``hetero/`` scalars of a TensorBoard log as CSV-like rows, one per step."""
+    try:
+        from tensorboard.backend.event_processing import event_accumulator
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            f"Reading the TensorBoard log {path} needs the tensorboard package: pip install"
+            " tensorboard (or log with a CSVLogger and pass its metrics.csv)."
+        ) from err
+    if not path.exists():
+        raise ValueError(f"{path} does not exist.")
+    accumulator = event_accumulator.EventAccumulator(
+        str(path),
+        size_guidance={event_accumulator.SCALARS: 0},  # every event, not a sample
+    ).Reload()
+    rows: dict[int, dict[str, Any]] = {}
+    for tag in accumulator.Tags()["scalars"]:
+        if tag.startswith("hetero/"):
+            for event in accumulator.Scalars(tag):
+                rows.setdefault(event.step, {"step": event.step})[tag] = event.value
+    names = sorted({name for row in rows.values() for name in row})
+    return names, [rows[step] for step in sorted(rows)]
+
+
+def _entries(
+    path: Path, names: list[str], rows: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """History entries from rows of logged values (``names``: every column)."""
+    columns: dict[str, tuple[str, int]] = {}
+    for name in names:
+        match = _COLUMN.match(name)
+        if match:
+            columns[name] = (_FIELDS[match[1]], int(match[2]))
+    ranks = 1 + max(
+        (rank for field, rank in columns.values() if field == "batch_sizes"), default=-1
+    )
+    if not ranks:
+        raise ValueError(
+            f"{path} has no hetero/batch_size/rank{{k}} values: HeteroCallback logs them at"
+            " each boundary of a HeteroStrategy run with a CSV or TensorBoard logger attached."
         )
-        if not ranks:
-            raise ValueError(
-                f"{path} has no hetero/batch_size/rank{{k}} columns: HeteroCallback logs them at"
-                " each boundary of a HeteroStrategy run with a CSVLogger attached."
-            )
-        entries = []
-        reverts = math.nan  # the running count at the previous boundary row with one
-        for row in reader:
-            values = {field: [math.nan] * ranks for field in _FIELDS.values()}
-            for name, (field, rank) in columns.items():
-                if rank < ranks:
-                    values[field][rank] = _float(row.get(name))
-            if not any(math.isfinite(b) for b in values["batch_sizes"]):
-                continue  # a row of other metrics
-            step = _float(row.get("step"))
-            count = _float(row.get("hetero/reverts"))
-            entries.append(
-                {
-                    "step": int(step) if math.isfinite(step) else None,
-                    **values,
-                    "balance": _float(row.get("hetero/balance")),
-                    "step_time": _float(row.get("hetero/step_time")),
-                    "reverted": math.isfinite(count) and math.isfinite(reverts) and count > reverts,
-                }
-            )
-            if math.isfinite(count):
-                reverts = count
+    entries = []
+    reverts = math.nan  # the running count at the previous boundary row with one
+    for row in rows:
+        values = {field: [math.nan] * ranks for field in _FIELDS.values()}
+        for name, (field, rank) in columns.items():
+            if rank < ranks:
+                values[field][rank] = _float(row.get(name))
+        if not any(math.isfinite(b) for b in values["batch_sizes"]):
+            continue  # a row of other metrics
+        step = _float(row.get("step"))
+        count = _float(row.get("hetero/reverts"))
+        entries.append(
+            {
+                "step": int(step) if math.isfinite(step) else None,
+                **values,
+                "balance": _float(row.get("hetero/balance")),
+                "step_time": _float(row.get("hetero/step_time")),
+                "reverted": math.isfinite(count) and math.isfinite(reverts) and count > reverts,
+            }
+        )
+        if math.isfinite(count):
+            reverts = count
     if not entries:
-        raise ValueError(f"{path} has hetero/ columns but no row with a boundary's batch sizes.")
+        raise ValueError(f"{path} has hetero/ values but no row with a boundary's batch sizes.")
     return entries
 
 
@@ -677,19 +715,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``python -m lightning_hetero.plots metrics.csv [-o out.png]``: draw :func:`plot_history`."""
     parser = argparse.ArgumentParser(
         prog="python -m lightning_hetero.plots",
-        description="Draw a HeteroStrategy run's re-planning history from its CSVLogger"
-        " metrics.csv as a PNG: batch size per rank, compute and wait time per step, balance"
-        " efficiency.",
+        description="Draw a HeteroStrategy run's re-planning history from its logs as a PNG:"
+        " batch size per rank, compute and wait time per step, balance efficiency.",
     )
-    parser.add_argument("metrics", type=Path, help="a CSVLogger metrics.csv of the run")
     parser.add_argument(
-        "-o", "--output", type=Path, help="the PNG to write (default: next to the CSV, .png)"
+        "metrics",
+        type=Path,
+        help="the run's CSVLogger metrics.csv, or its TensorBoard event file or log folder"
+        " (e.g. lightning_logs/version_0)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="the PNG to write (default: next to the CSV, .png; in a log folder, hetero.png)",
     )
     parser.add_argument("--title", help="the figure's title (default: the balance reached)")
     args = parser.parse_args(argv)
-    if not args.metrics.is_file():
-        parser.error(f"{args.metrics} is not a file")
-    output = args.output or args.metrics.with_suffix(".png")
+    if not args.metrics.exists():
+        parser.error(f"{args.metrics} does not exist")
+    if args.output is not None:
+        output = args.output
+    elif args.metrics.is_dir():
+        output = args.metrics / "hetero.png"
+    elif args.metrics.suffix == ".csv":
+        output = args.metrics.with_suffix(".png")
+    else:  # an event file: events.out.tfevents.<time>.<host>...
+        output = args.metrics.parent / "hetero.png"
     try:
         plot_history(args.metrics, output, title=args.title)
     except ModuleNotFoundError as err:

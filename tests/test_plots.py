@@ -9,7 +9,7 @@ import sys
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_hetero.bench.__main__ as bench_main
@@ -291,7 +291,10 @@ def logged_run(tmp_path_factory):
         devices=1,
         max_epochs=3,
         default_root_dir=root,
-        logger=CSVLogger(root, name="run", version="csv"),
+        logger=[
+            CSVLogger(root, name="run", version="csv"),
+            TensorBoardLogger(root, name="run", version="tb"),  # the same run, as events
+        ],
         log_every_n_steps=2,  # other metrics' rows in the same file
         enable_model_summary=False,
         enable_checkpointing=False,
@@ -313,6 +316,23 @@ def test_a_csv_log_of_a_real_run_reads_as_its_history(logged_run):
         assert read["step_time"] == pytest.approx(kept["step_time"], nan_ok=True)
         assert read["reverted"] == kept["reverted"]
     assert any(math.isfinite(e["step_time"]) for e in entries)
+
+
+def test_a_tensorboard_log_reads_as_the_csv_log(logged_run, tmp_path):
+    _, csv = logged_run
+    folder = csv.parent.parent / "tb"
+    event_file = next(folder.glob("events.out.tfevents.*"))
+    expected = read_metrics(csv)
+    for source in (folder, event_file):
+        read = read_metrics(source)
+        assert [e["step"] for e in read] == [e["step"] for e in expected]
+        for got, want in zip(read, expected):
+            assert got["batch_sizes"] == want["batch_sizes"]
+            # TensorBoard stores float32
+            assert got["compute_times"] == pytest.approx(want["compute_times"], rel=1e-6)
+            assert got["reverted"] == want["reverted"]
+    main([str(folder)])  # python -m lightning_hetero.plots lightning_logs/version_0
+    assert _is_png(folder / "hetero.png")
 
 
 def test_a_csv_log_and_the_strategy_draw_the_same(logged_run, tmp_path):
@@ -416,7 +436,12 @@ def test_the_command_draws_a_csv_log(logged_run, tmp_path, capsys):
 def test_the_command_refuses_what_it_cannot_draw(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path / "absent.csv")])
-    assert exit_info.value.code == 2 and "is not a file" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "does not exist" in capsys.readouterr().err
+    empty = tmp_path / "empty_logs"  # a folder with no log in it
+    empty.mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(empty)])
+    assert exit_info.value.code == 2 and "no hetero/batch_size" in capsys.readouterr().err
     csv = tmp_path / "metrics.csv"
     csv.write_text("epoch,step,loss\n0,1,0.5\n")
     with pytest.raises(SystemExit) as exit_info:
