@@ -57,12 +57,18 @@ def main() -> None:
         "log_dir": str(args.logs.resolve()),
     }
     results = {}
-    with tempfile.TemporaryDirectory() as tmp, tqdm(total=2, desc="training", unit="run") as bar:
-        for name in ("ddp", "hetero"):
-            bar.set_postfix_str(name)
+    total = 2 * args.epochs
+    with tempfile.TemporaryDirectory() as tmp, tqdm(total=total, unit="epoch") as bar:
+        for run, name in enumerate(("ddp", "hetero")):
+            bar.set_description(f"{name} ({run + 1}/2)")
             extra = {"step_times": True} if name == "ddp" else {}  # per-rank times for the chart
-            results[name] = launch({**common, "strategy": name, **extra}, Path(tmp))
-            bar.update()
+
+            def advance(done: int, start: int = run * args.epochs) -> None:
+                bar.update(start + done - bar.n)  # epochs finished in this run, so far
+
+            config = {**common, "strategy": name, "progress_bar": False, **extra}
+            results[name] = launch(config, Path(tmp), on_epoch=advance)
+            bar.update((run + 1) * args.epochs - bar.n)
 
     print(f"\n{args.level}: speeds {list(cores)}, global batch {4 * 32}")
     print(

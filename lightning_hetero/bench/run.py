@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,8 @@ class RunConfig:
     validate: bool = True  # validate once after fit
     val_every_epoch: bool = False  # validate after every epoch during fit: accuracy_curve
     result: str | None = None
+    # a file where rank 0 writes the number of training epochs finished (launch's progress)
+    progress: str | None = None
     # Lightning's default; benchmarks turn it off (their own bar counts runs, and per-rank
     # bars in captured output would only interleave)
     progress_bar: bool = True
@@ -104,8 +107,9 @@ class EpochTimer(Callback):
     Validation during fit runs inside the epoch; its time is left out.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, progress: str | None = None) -> None:
         self.epoch_s: list[float] = []
+        self.progress = progress  # a file for the epochs finished so far (rank 0 writes it)
         self._start = 0.0
         self._val_start = 0.0
         self._val_s = 0.0
@@ -123,6 +127,8 @@ class EpochTimer(Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.epoch_s.append(time.perf_counter() - self._start - self._val_s)
+        if self.progress is not None and trainer.is_global_zero:
+            Path(self.progress).write_text(f"{len(self.epoch_s)}\n")
 
 
 class AccuracyCurve(Callback):
@@ -309,7 +315,7 @@ def run(config: RunConfig) -> dict[str, Any]:
             f"Unknown strategy {config.strategy!r}; expected 'hetero', 'ddp', 'hetero_fsdp' or"
             " 'fsdp'."
         )
-    timer, curve = EpochTimer(), AccuracyCurve()
+    timer, curve = EpochTimer(config.progress), AccuracyCurve()
     callbacks: list[Callback] = [timer]
     step_times = StepTimes()
     if config.step_times:
@@ -465,28 +471,73 @@ def launch(
     workdir: Path,
     timeout: float | None = None,
     module: str = "lightning_hetero.bench.run",
+    on_epoch: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` as a fresh multi-process job in ``workdir``; returns rank 0's summary.
 
     ``module`` is run with ``python -m module CONFIG_JSON``; it writes its summary as JSON to
-    ``config["result"]``.
+    ``config["result"]``. ``on_epoch`` is called with the number of training epochs
+    finished, as the run goes (e.g. to move a progress bar).
     """
     result = workdir / "result.json"
     result.unlink(missing_ok=True)
     config = {**config, "result": str(result)}
-    proc = subprocess.run(
+    progress = workdir / "progress.txt"
+    if on_epoch is not None:
+        progress.unlink(missing_ok=True)
+        config["progress"] = str(progress)
+    with subprocess.Popen(
         [sys.executable, "-m", module, json.dumps(config)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=child_env(),
         cwd=workdir,
-        timeout=timeout,
-    )
+    ) as child:
+        outputs = _follow(child, progress if on_epoch is not None else None, on_epoch, timeout)
+    proc = subprocess.CompletedProcess(child.args, child.returncode, *outputs)
     if proc.returncode != 0:
         raise RuntimeError(
             f"The run {config} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
         )
     return json.loads(result.read_text())
+
+
+def _follow(
+    child: subprocess.Popen,
+    progress: Path | None,
+    on_epoch: Callable[[int], None] | None,
+    timeout: float | None,
+) -> tuple[str, str]:
+    """Wait for ``child`` (killed after ``timeout`` s), reporting ``progress``'s epoch count
+    to ``on_epoch`` when it changes; returns its stdout and stderr."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen = 0
+
+    def report() -> None:
+        nonlocal seen
+        if progress is None or on_epoch is None:
+            return
+        try:
+            done = int(progress.read_text() or 0)
+        except (OSError, ValueError):  # not written yet, or being written
+            return
+        if done != seen:
+            seen = done
+            on_epoch(done)
+
+    while True:
+        try:
+            outputs = child.communicate(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() > deadline:
+                child.kill()
+                child.communicate()
+                raise
+            report()
+        else:
+            report()  # the last epochs, written just before the run ended
+            return outputs
 
 
 def run_pair(

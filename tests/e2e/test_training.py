@@ -115,3 +115,13 @@ def test_per_step_adjustment_with_prefetching_workers_converges_mid_epoch(tmp_pa
     ideal = proportional_split(HL4, GLOBAL_BATCH)
     for got, want in zip(summary["batch_sizes"], ideal):
         assert abs(got - want) <= 0.2 * want, (summary["batch_sizes"], ideal)
+
+
+def test_launch_reports_each_finished_epoch_as_the_run_goes(tmp_path):
+    from lightning_hetero.bench.run import launch
+
+    seen: list[int] = []
+    config = {"workers": 2, "epochs": 2, "validate": False, "progress_bar": False}
+    summary = launch(config, tmp_path, timeout=300, on_epoch=seen.append)
+    assert seen and seen == sorted(seen) and seen[-1] == 2  # the demo's bar moves by epoch
+    assert len(summary["epoch_s"]) == 2
