@@ -143,6 +143,13 @@ class StepTimeGuard:
         if self.holding:
             return None  # too few steps to tell: judge it at a later boundary
         now = _Measured(list(plan), float(step_s), float(step_se))
+        if self.baseline is not None and sum(self.baseline.plan) != sum(now.plan):
+            # another global batch (an input-scale change, a new `global_batch_size`): steps
+            # of another size do not compare, and no plan of the old one can come back
+            self.baseline = self.current = now
+            self.trial, self.fraction = None, 1.0
+            self._reverted_at, self._shrink_pending = None, False
+            return None
         best, previous, self.current = self.baseline, self.current, now
         was_trial, self.trial = self.trial == now.plan, None
         if previous is not None and now.plan == previous.plan:

@@ -185,3 +185,16 @@ def test_a_kept_plan_that_slows_down_later_moves_the_reference_instead_of_revert
     assert guard.baseline is not None and guard.baseline.step_s == 1.50
     guard.propose([40, 24], [48, 16])
     assert guard.review([48, 16], 1.40, 0.01) is None  # judged against the new reference
+
+
+def test_a_new_global_batch_starts_a_new_reference_and_never_goes_back_to_the_old_one():
+    # an input-scale change doubled the global batch: its longer steps are no regression,
+    # and a plan of the old sum could not run any more
+    guard = StepTimeGuard()
+    assert guard.review([4, 4], 0.010, 0.0001) is None
+    assert guard.review([8, 8], 0.020, 0.0001) is None
+    assert guard.baseline is not None and guard.baseline.plan == [8, 8]
+    assert guard.reverts == 0
+    # later changes are judged against the new global batch's plan
+    guard.propose([8, 8], [10, 6])
+    assert guard.review([10, 6], 0.030, 0.0001) == [8, 8]
