@@ -19,11 +19,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-# unit tests and doctests (about 7 min on 2 cores)
+# unit tests and doctests (about 5 min on 2 cores)
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow and not multinode and not e2e"
 
-# multi-process training runs: tests/e2e and Lightning's own FSDP2 tests (about 20 min)
+# multi-process training runs: tests/e2e and Lightning's own FSDP2 tests (about 25 min)
 test-e2e: $(STAMP)
 	$(PY) -m pytest -m "e2e and not slow"
 
