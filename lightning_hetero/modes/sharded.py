@@ -8,7 +8,7 @@ import torch
 from torch.nn.modules.batchnorm import _NormBase
 
 from lightning_hetero._fsdp import CollectiveWaitMeter
-from lightning_hetero.collectives import weighted_mean_
+from lightning_hetero.localsgd import weighted_average_
 from lightning_hetero.modes.base import Mode
 
 __all__ = ["RootRedirect", "ShardedMode", "norm_buffers"]
@@ -178,16 +178,9 @@ class ShardedMode(Mode):
         buffers = norm_buffers(host.lightning_module)
         if not buffers or host.world_size == 1:
             return
-        plan = host.plan_state.batch_sizes
-        weight = plan[host.global_rank] / sum(plan) if plan else 1.0
-        flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in buffers])
+        plan = host.plan_state.batch_sizes or [1] * host.world_size
         with host.comm.guarded("averaging the BatchNorm statistics"):
-            weighted_mean_(flat, weight)
-        offset = 0
-        for buffer in buffers:
-            size = buffer.numel()
-            buffer.copy_(flat[offset : offset + size].view_as(buffer))
-            offset += size
+            weighted_average_(buffers, float(plan[host.global_rank]), float(sum(plan)))
 
     def on_train_epoch_end(self) -> bool:
         self.average_norm_buffers()
