@@ -494,29 +494,26 @@ def launch(
         env=child_env(),
         cwd=workdir,
     ) as child:
-        outputs = _follow(child, progress if on_epoch is not None else None, on_epoch, timeout)
-    proc = subprocess.CompletedProcess(child.args, child.returncode, *outputs)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"The run {config} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
-        )
+        stdout, stderr = _follow(child, timeout, progress, on_epoch)
+    if child.returncode != 0:
+        raise RuntimeError(f"The run {config} failed:\n{stdout[-2000:]}\n{stderr[-6000:]}")
     return json.loads(result.read_text())
 
 
 def _follow(
     child: subprocess.Popen,
-    progress: Path | None,
-    on_epoch: Callable[[int], None] | None,
     timeout: float | None,
+    progress: Path,
+    on_epoch: Callable[[int], None] | None,
 ) -> tuple[str, str]:
     """Wait for ``child`` (killed after ``timeout`` s), reporting ``progress``'s epoch count
-    to ``on_epoch`` when it changes; returns its stdout and stderr."""
+    to ``on_epoch`` (if given) when it changes; returns its stdout and stderr."""
     deadline = None if timeout is None else time.monotonic() + timeout
     seen = 0
 
     def report() -> None:
         nonlocal seen
-        if progress is None or on_epoch is None:
+        if on_epoch is None:
             return
         try:
             done = int(progress.read_text() or 0)
