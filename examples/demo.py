@@ -66,6 +66,7 @@ def main() -> None:
             def advance(done: int, start: int = run * args.epochs) -> None:
                 bar.update(start + done - bar.n)  # epochs finished in this run, so far
 
+            # the runs' output is captured, never shown: this bar shows their progress
             config = {**common, "strategy": name, "progress_bar": False, **extra}
             results[name] = launch(config, Path(tmp), on_epoch=advance)
             bar.update((run + 1) * args.epochs - bar.n)

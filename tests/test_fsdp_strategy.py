@@ -94,7 +94,6 @@ def test_sync_batchnorm_is_applied_before_sharding_not_dropped(tmp_path):
         default_root_dir=tmp_path,
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
     )
     with pytest.raises(_SetUp) as stopped:
         trainer.fit(Normed())

@@ -130,7 +130,6 @@ def fit(style: str, out_dir: Path) -> None:
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=False,
         **trainer_options,
     )
     model = Styled(style)

@@ -121,7 +121,7 @@ def test_launch_reports_each_finished_epoch_as_the_run_goes(tmp_path):
     from lightning_hetero.bench.run import launch
 
     seen: list[int] = []
-    config = {"workers": 2, "epochs": 2, "validate": False, "progress_bar": False}
+    config = {"workers": 2, "epochs": 2, "validate": False}
     summary = launch(config, tmp_path, timeout=300, on_epoch=seen.append)
     assert seen and seen == sorted(seen) and seen[-1] == 2  # the demo's bar moves by epoch
     assert len(summary["epoch_s"]) == 2
