@@ -15,6 +15,7 @@ from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lightning_hetero._optim import patched
+from lightning_hetero.context import RunContext
 from lightning_hetero.memory_probe import auto_max_batch_size, preserved_state
 from lightning_hetero.planning import probe_sizes
 from lightning_hetero.planning.dual import TimeModel
@@ -39,34 +40,40 @@ class StepProbe:
     """Runs training steps of chosen sizes on ``loader``'s first samples.
 
     Args:
-        host: the strategy (its module, optimizers, device, collectives).
+        context: the run (its module, optimizers, device, collectives).
         loader: the training loader.
+        training_step: runs the module's ``training_step(batch, batch_idx)`` as the
+            strategy does (under the precision plugin's step context; a sharded model:
+            inside the root's forward).
+        to_device: moves a collated batch to the rank's device, as the strategy does.
+        schedulers: the learning-rate schedulers, whose state is put back with the rest.
         emulation: called with each timed step's batch before its backward (an emulated
             slower device's delay).
         extra: called with the module after each timed step's backward (the mode's
             per-step work, e.g. a push's round trip).
         agree: where a step communicates (a sharded model), makes every rank skip a probe
             size when one does (see :func:`~lightning_hetero.memory_probe.probe_memory`).
-        training_step: runs the module's ``training_step(batch, batch_idx)`` as the
-            strategy does (a sharded model: inside the root's forward); default: the
-            module's own, under the precision plugin's step context.
     """
 
     def __init__(
         self,
-        host: Any,
+        context: RunContext,
         loader: DataLoader,
+        training_step: Callable[[Any, int], Any],
+        to_device: Callable[[Any], Any],
+        schedulers: Sequence[Any] = (),
         emulation: Sequence[Callable[[Any], None]] = (),
         extra: Callable[[torch.nn.Module], None] | None = None,
         agree: Callable[[bool], bool] | None = None,
-        training_step: Callable[[Any, int], Any] | None = None,
     ) -> None:
-        self.host = host
+        self.context = context
         self.loader = loader
+        self.training_step = training_step
+        self.to_device = to_device
+        self.schedulers = schedulers
         self.emulation = emulation
         self.extra = extra
         self.agree = agree
-        self.training_step = training_step
 
     @contextmanager
     def steps(self, what: str, instead: str = "") -> Iterator[Callable[..., None]]:
@@ -77,23 +84,18 @@ class StepProbe:
         ``timed=True`` runs what a worker's step costs without stepping the optimizer:
         forward, backward with the emulation's delay, and the mode's extra work.
         """
-        host, loader = self.host, self.loader
-        module = host.lightning_module
+        ctx, loader = self.context, self.loader
+        module = ctx.module
         if not module.automatic_optimization:
             raise ValueError(
                 f"{what} runs training steps itself and needs automatic optimization{instead}."
             )
         dataset = loader.dataset
-        optimizers = [*host.optimizers, *(c.scheduler for c in host.lr_scheduler_configs)]
+        optimizers = [*ctx.optimizers, *self.schedulers]
 
         def step(batch_size: int, timed: bool = False) -> None:
             batch = loader.collate_fn([dataset[i] for i in range(batch_size)])
-            batch = host.batch_to_device(batch)
-            if self.training_step is not None:
-                output = self.training_step(batch, 0)
-            else:
-                with host.precision_plugin.train_step_context():
-                    output = module.training_step(batch, 0)
+            output = self.training_step(self.to_device(batch), 0)
             loss = output["loss"] if isinstance(output, dict) else output
             if not isinstance(loss, torch.Tensor):
                 raise ValueError(
@@ -106,7 +108,7 @@ class StepProbe:
             loss.backward()
             if timed and self.extra is not None:
                 self.extra(module)
-            for optimizer in host.optimizers:
+            for optimizer in ctx.optimizers:
                 if not timed:
                     optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -121,11 +123,11 @@ class StepProbe:
         ``total``: the global batch (the largest size worth probing); ``sizes``: the sizes
         to probe (default: a few doubling up to ``total``).
         """
-        host = self.host
+        ctx = self.context
         largest = min(total, len(self.loader.dataset))  # type: ignore[arg-type]
         sizes = sizes or probe_sizes(largest)
-        device = host.root_device
-        devices = host.parallel_devices or [device]
+        device = ctx.device
+        devices = ctx.devices or [device]
         # ranks sharing what the probe measures: the GPU on CUDA, the host's memory on CPU
         share = sum(d == device for d in devices) if device.type == "cuda" else len(devices)
         instead = "; set `max_batch_size` explicitly with manual optimization"
@@ -135,7 +137,7 @@ class StepProbe:
             )
         reset_peak_memory(device)  # the probe's peak is not training's
         bound = total if bound is None else bound
-        rows = host.comm.gather_rows([bound, model.fixed_bytes, model.per_sample_bytes])
+        rows = ctx.comm.gather_rows([bound, model.fixed_bytes, model.per_sample_bytes])
         found = {
             "max_batch_sizes": [int(row[0]) for row in rows],
             "fixed_bytes": [row[1] for row in rows],
@@ -157,27 +159,26 @@ class StepProbe:
 
     def time(self, largest: int) -> TimeModel:
         """Fit ``t(x) = a*x + b`` to timed training steps of the slowest rank."""
-        host = self.host
+        ctx = self.context
         largest = min(largest, len(self.loader.dataset))  # type: ignore[arg-type]
         sizes = sorted({min(2, largest), *probe_sizes(largest)})  # small batches show b
-        cuda = host.root_device.type == "cuda"
+        cuda = ctx.device.type == "cuda"
         times = []
         with self.steps("controller='dual'") as step:
             step(sizes[0], timed=True)  # warm-up: allocator, kernels, caches
             for size in sizes:
-                if host.comm.distributed:
-                    host.barrier("the time probe")  # ranks time each size together
+                ctx.barrier("the time probe")  # ranks time each size together
                 runs = []
                 for _ in range(5):
                     if cuda:
-                        torch.cuda.synchronize(host.root_device)
+                        torch.cuda.synchronize(ctx.device)
                     started = time.perf_counter()
                     step(size, timed=True)
                     if cuda:
-                        torch.cuda.synchronize(host.root_device)
+                        torch.cuda.synchronize(ctx.device)
                     runs.append(time.perf_counter() - started)
                 times.append(min(runs))
-        rows = host.comm.gather_rows(times)
+        rows = ctx.comm.gather_rows(times)
         # the slowest rank sets the pace of an epoch: plan with its times
         slowest = [max(row[i] for row in rows) for i in range(len(sizes))]
         return TimeModel.fit(list(zip(sizes, slowest)))

@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from lightning_hetero._lightning import materialize_module, optimizers_to_device
 from lightning_hetero._namespaces import SameCopy
-from lightning_hetero.engine import HeteroEngine, hetero_parts
+from lightning_hetero.engine import HeteroEngine, HeteroOptions, hetero_parts
 from lightning_hetero.modes import ModeOptions, ShardedMode
 from lightning_hetero.planning import Controller
 
@@ -153,10 +153,11 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, _ShardedParallel):
         mode: ``"bsp"`` only: sharded training is synchronous.
         shard_modules: class names of the submodules to shard each on their own (e.g.
             ``["TransformerBlock"]``), before the root; default: only the root.
-        controller, batch_sizes, global_batch_size, min_batch_size, max_batch_size,
-            memory_safety, probe_batch_sizes, deadband, revert_slower, smoothing,
-            adjust_every, shuffle: as
-            :class:`~lightning_hetero.HeteroStrategy`.
+
+    The other options (``controller``, ``batch_sizes``, ``global_batch_size``,
+    ``min_batch_size``, ``max_batch_size``, ``memory_safety``, ``probe_batch_sizes``,
+    ``deadband``, ``revert_slower``, ``smoothing``, ``adjust_every``, ``shuffle``) mean what
+    they mean for :class:`~lightning_hetero.HeteroStrategy`.
     """
 
     strategy_name = "hetero_fsdp"
@@ -207,12 +208,9 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, _ShardedParallel):
             )
         if shard_modules is not None and not all(isinstance(n, str) for n in shard_modules):
             raise TypeError(f"`shard_modules` must be a list of class names, got {shard_modules}.")
+        shared = HeteroOptions.pick(locals())
         options = ModeOptions(adjust_every=adjust_every, global_batch_size=global_batch_size)
-        training_mode, plan_state = hetero_parts(
-            mode, controller, options, deadband=deadband, smoothing=smoothing,
-            batch_sizes=batch_sizes, min_batch_size=min_batch_size, max_batch_size=max_batch_size,
-            memory_safety=memory_safety, probe_batch_sizes=probe_batch_sizes, modes=FSDP_MODES,
-        )  # fmt: skip
+        training_mode, plan_state = hetero_parts(mode, options, shared, modes=FSDP_MODES)
         super().__init__(
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=1,
@@ -220,17 +218,8 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, _ShardedParallel):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        self.mode, self.deadband, self.shard_modules = mode, deadband, shard_modules
-        self._start_hetero(
-            training_mode,
-            plan_state,
-            shuffle=shuffle,
-            revert_slower=revert_slower,
-            smoothing=smoothing,
-            adjust_every=adjust_every,
-            memory_safety=memory_safety,
-            probe_batch_sizes=probe_batch_sizes,
-        )
+        self.mode, self.shard_modules = mode, shard_modules
+        self._start_hetero(training_mode, plan_state, shared)
 
     @classmethod
     @override

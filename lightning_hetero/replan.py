@@ -3,7 +3,7 @@
 One :class:`Replanner` belongs to each strategy. It folds every training step's timings into
 an EWMA; at a boundary (an epoch end, every ``adjust_every`` batches, or when a mode calls
 its ``replan``, e.g. at each local-SGD merge) it all-gathers one :class:`RankReport` per
-rank, runs the controller on rank 0, broadcasts the plan, has the strategy apply it and
+rank, runs the controller on rank 0, broadcasts the plan, applies it through the mode and
 records a history entry. No Lightning here: the callback feeds it Lightning's hooks and
 logs what it records.
 """
@@ -15,15 +15,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, fields
 from statistics import fmean
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-import torch
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_hetero._comm import HostStepTimer
-from lightning_hetero.collectives import Collectives
+from lightning_hetero.context import RunContext
 from lightning_hetero.modes.base import Mode
-from lightning_hetero.plan_state import PlanState
 from lightning_hetero.planning import (
     Controller,
     RankStats,
@@ -36,7 +33,7 @@ from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weig
 from lightning_hetero.planning.split import is_count, plan_checksum
 from lightning_hetero.resources import ResourceMeter
 
-__all__ = ["RankReport", "ReplanHost", "Replanner", "check_replan_options"]
+__all__ = ["RankReport", "Replanner", "check_replan_options"]
 
 #: Batches between two readings of the step timer outside boundaries.
 _COLLECT_EVERY = 64
@@ -100,29 +97,17 @@ class RankReport:
 _FIELD_KINDS = tuple(int if f.type in (int, "int") else float for f in fields(RankReport))
 
 
-class ReplanHost(Protocol):
-    """What the re-planner uses of the strategy that owns it."""
-
-    global_rank: int
-    world_size: int
-    local_rank: int
-    root_device: torch.device
-    timer: HostStepTimer
-    plan_state: PlanState
-    training_mode: Mode
-
-    @property
-    def comm(self) -> Collectives: ...
-
-    def apply_plan(self, batch_sizes: Sequence[int], from_step: int | None = None) -> None: ...
-
-
 class Replanner:
     """Boundaries: gather reports, decide (every rank, or rank 0 and broadcast), apply, record.
 
+    The strategy builds it with its training mode and binds it to the run's
+    :class:`~lightning_hetero.context.RunContext` at set-up (:meth:`bind`); the re-planner
+    then applies each plan itself (:meth:`apply_plan`) and calls the mode's hooks, never the
+    strategy.
+
     Args:
-        host: the strategy.
-        controller: decides the next plan from the reports (on rank 0).
+        training_mode: the training mode; its ``controller`` decides the next plan from the
+            reports.
         smoothing: EWMA factor of step times.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         guard: checks each plan change against the measured step time and reverts one that
@@ -131,18 +116,17 @@ class Replanner:
 
     def __init__(
         self,
-        host: ReplanHost,
-        controller: Controller,
+        training_mode: Mode,
         smoothing: float,
         adjust_every: Literal["epoch"] | int,
         guard: StepTimeGuard | None = None,
     ) -> None:
-        self.host = host
-        self.controller = controller
+        self.training_mode = training_mode
+        self.context: RunContext | None = None
         self.smoothing = smoothing
         self.adjust_every = adjust_every
         self.guard = guard
-        #: One entry per boundary (see the README for its keys).
+        #: One entry per boundary (see ``docs/logging.md`` for its keys).
         self.history: list[dict[str, Any]] = []
         #: Called with each new history entry (the callback logs it).
         self.on_record: Callable[[dict[str, Any]], None] | None = None
@@ -158,26 +142,57 @@ class Replanner:
         self._measured_batch_sizes: list[int] = []  # the batches those were measured on
         self._warned_minimum: set[int] = set()
 
+    @property
+    def controller(self) -> Controller:
+        """The controller that decides each plan (the mode's)."""
+        return self.training_mode.controller
+
+    @property
+    def ctx(self) -> RunContext:
+        """The run this re-planner is bound to."""
+        if self.context is None:
+            raise RuntimeError("hetero: the re-planner is not bound to a run yet (see `bind`).")
+        return self.context
+
+    def bind(self, context: RunContext) -> None:
+        """Work in ``context`` (a run's set-up), and let the mode re-plan through
+        :meth:`merge_boundary`."""
+        self.context = context
+        self.training_mode.bind(context, self.merge_boundary)
+
+    def apply_plan(self, batch_sizes: Sequence[int], from_step: int | None = None) -> None:
+        """Switch every rank to ``batch_sizes`` from training step ``from_step`` of this epoch
+        (``None``: from the next epoch). Call on every rank with the same arguments."""
+        ctx = self.ctx
+        plan = ctx.plan_state.checked(batch_sizes, ctx.world_size)
+        self.training_mode.apply_plan(plan, from_step)
+        ctx.plan_state.plan = plan
+
+    def merge_boundary(self, updates: list[int] | None) -> None:
+        """A boundary the mode calls (local SGD's merge), where training is now."""
+        epoch, step = self.ctx.position()
+        self.boundary(epoch, step, updates)
+
     # ---------------------------------------------------------------- the run
     def start(self) -> None:
         """A fit starts: fresh smoothing and meter, every rank's host and local rank."""
-        host = self.host
+        host = self.ctx
         self._smoother = TimingSmoother(self.smoothing)
-        self._meter = ResourceMeter(host.root_device)
+        self._meter = ResourceMeter(host.device)
         self._epoch_batches = 0  # a resume inside an epoch gets no `epoch_started`
         with host.comm.guarded("the gather of host names"):
             rows = host.comm.gather_objects((socket.gethostname(), host.local_rank))
         self._identities = [RankIdentity(str(name), int(local)) for name, local in rows]
 
     def _collect(self, synchronize: bool = False) -> None:
-        for record in self.host.timer.collect(synchronize=synchronize):
+        for record in self.ctx.timer.collect(synchronize=synchronize):
             self._smoother.update(*record)
 
     def epoch_started(self) -> None:
         """An epoch of training starts."""
         self._epoch_batches = 0
-        self.host.timer.break_cycle()  # the time between epochs is no step's
-        self.host.training_mode.on_train_epoch_start()
+        self.ctx.timer.break_cycle()  # the time between epochs is no step's
+        self.training_mode.on_train_epoch_start()
 
     def batch_finished(self, epoch: int, step: int) -> None:
         """A training batch ended: a boundary every ``adjust_every`` batches.
@@ -190,7 +205,7 @@ class Replanner:
         if self.batches % _COLLECT_EVERY == 0:
             self._collect()
         if self.adjust_every != "epoch" and self.batches % self.adjust_every == 0:
-            with self.host.timer.waiting():  # the same on every rank: not the next step's cost
+            with self.ctx.timer.waiting():  # the same on every rank: not the next step's cost
                 self.boundary(epoch, step)
 
     def epoch_finished(self, epoch: int, step: int) -> None:
@@ -200,7 +215,7 @@ class Replanner:
         written by validation after the epoch's last batch ends that epoch at once, with
         nothing measured (every rank alike: the count is Lightning's, not a timing)."""
         if (
-            self.host.training_mode.on_train_epoch_end()
+            self.training_mode.on_train_epoch_end()
             and self.adjust_every == "epoch"
             and self._epoch_batches > 0
         ):
@@ -213,8 +228,8 @@ class Replanner:
         self._collect()
         s = self._smoother
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
-        drawn = self.host.training_mode.drawn_steps()
-        check = plan_checksum(self.host.plan_state.batch_sizes)
+        drawn = self.training_mode.drawn_steps()
+        check = plan_checksum(self.ctx.plan_state.batch_sizes)
         return RankReport(
             s.batch_size, s.compute_s, s.wait_s, s.steps, drawn, *readings, check,
             s.compute_se, s.step_s, s.step_se, s.step_count,
@@ -227,12 +242,12 @@ class Replanner:
         make different numbers of updates (local mode); the controller's ``RankStats`` get
         them. Must be called on every rank together.
         """
-        host, state = self.host, self.host.plan_state
-        if host.training_mode.sampler is None or state.limits is None:
+        host, state = self.ctx, self.ctx.plan_state
+        if self.training_mode.sampler is None or state.limits is None:
             return
         started = time.perf_counter()
         report = self.report()
-        extra = host.training_mode.boundary_stats()  # before the gather (see the mode)
+        extra = self.training_mode.boundary_stats()  # before the gather (see the mode)
         with host.comm.guarded("the boundary's all-gather"):
             gather_started = time.perf_counter()
             rows = host.comm.gather_rows(report.row())
@@ -284,7 +299,7 @@ class Replanner:
             if self.controller.replicable:  # every rank decides: no broadcast
                 new_plan = self._checked(self._decide(plan, compute_s, stats))
             else:
-                decided = self._decide(plan, compute_s, stats) if host.global_rank == 0 else plan
+                decided = self._decide(plan, compute_s, stats) if host.rank == 0 else plan
                 with host.comm.guarded("the plan broadcast"):
                     decided = host.comm.broadcast_ints(decided)
                 new_plan = self._checked(decided)  # not in the guard: the broadcast worked
@@ -297,7 +312,7 @@ class Replanner:
             elif self._guard_in_force is not None:
                 new_plan = self._guard_in_force.propose(plan, new_plan)
             if new_plan != plan:
-                host.apply_plan(new_plan, from_step=first_undrawn_step)
+                self.apply_plan(new_plan, from_step=first_undrawn_step)
                 self.adjustments += 1
                 entry["changed"] = True
             entry["held_at_minimum"] = self._check_minimum()
@@ -323,13 +338,13 @@ class Replanner:
     @property
     def _guard_in_force(self) -> StepTimeGuard | None:
         """The guard, unless the mode fixes the plan on purpose (the dual plan)."""
-        return None if self.host.training_mode.fixed_plan else self.guard
+        return None if self.training_mode.fixed_plan else self.guard
 
     def _decide(self, plan: list[int], compute_s: list[float], stats: list[RankStats]) -> list[int]:
         """Run the controller (on every rank if it is ``replicable``, else on rank 0); its
         warnings are re-emitted once, and a failure becomes the all-zero plan, so that
         every rank raises (:meth:`_checked`) instead of waiting."""
-        limits = self.host.plan_state.limits
+        limits = self.ctx.plan_state.limits
         assert limits is not None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -368,10 +383,10 @@ class Replanner:
 
     def _check_minimum(self) -> list[int]:
         """Ranks the new plan holds at their minimum though slower; warns once per rank."""
-        host = self.host
+        host = self.ctx
         limits = host.plan_state.limits
         assert limits is not None
-        if host.training_mode.fixed_plan:
+        if self.training_mode.fixed_plan:
             return []  # e.g. the dual plan fixes every rank's batch on purpose
         lower = limits.min_batch_size
         held = held_at_minimum(host.plan_state.batch_sizes, self._samples_per_s, lower)
@@ -401,7 +416,7 @@ class Replanner:
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The plan, the controller, the history, counters and each rank's last reading."""
-        host = self.host
+        host = self.ctx
         plan = host.plan_state.batch_sizes
         if not plan:
             return {}
@@ -436,7 +451,7 @@ class Replanner:
         the plan anew in proportion to the saved throughputs of the ranks that come back on
         the same host and local rank.
         """
-        host = self.host
+        host = self.ctx
         if state["world_size"] == host.world_size:
             host.plan_state.restore(state["batch_sizes"])
             self._keep_saved_throughputs(state["ranks"])
@@ -478,7 +493,7 @@ class Replanner:
             [r["samples_per_s"] for r in saved],
             self._identities,
         )
-        self.host.plan_state.restore(state["batch_sizes"], weights=restored.weights)
+        self.ctx.plan_state.restore(state["batch_sizes"], weights=restored.weights)
 
         def where(rank: int) -> str:
             identity = self._identities[rank]
@@ -500,7 +515,7 @@ class Replanner:
                 how += f", and ranks {fallback} without one get their mean"
         rank_zero_warn(
             f"hetero: the checkpoint was written by {state['world_size']} ranks, this run has"
-            f" {self.host.world_size}: {how}. The controller's state"
+            f" {self.ctx.world_size}: {how}. The controller's state"
             f" ({state['controller_class']}) starts fresh."
         )
 

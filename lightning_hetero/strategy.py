@@ -21,7 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from lightning_hetero._namespaces import SameCopy
-from lightning_hetero.engine import HeteroEngine, hetero_parts
+from lightning_hetero.engine import HeteroEngine, HeteroOptions, hetero_parts
 from lightning_hetero.modes import ModeOptions
 from lightning_hetero.planning import Controller
 
@@ -42,7 +42,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             as it arrives, with learning rate ``lr * b_k / B``; ranks never wait for each
             other within an epoch. ``"local"``: local SGD; each rank steps its own replica
             on batches claimed from a shared pool of ``megabatch_size`` samples, and the
-            replicas are merged after each mega-batch (see the README for details).
+            replicas are merged after each mega-batch (see ``docs/modes.md``).
         controller: a controller name (``"proportional"``, ``"model"``, ``"lbbsp"``,
             ``"stepwise"``, ``"updates"``, ``"static"``; built with ``deadband``;
             ``"dual"``, dual batch size learning, with ``mode="async"`` only) or a
@@ -62,7 +62,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             training steps at a few batch sizes before training, fits
             ``memory = fixed + per_sample * b`` and takes the largest ``b`` that stays under
             ``memory_safety`` of its free memory (model, optimizer and random state are put
-            back afterwards; see the README).
+            back afterwards; see ``docs/controllers.md``).
         memory_safety: fraction of the free memory ``max_batch_size="auto"`` plans for, in
             ``(0, 1]``.
         probe_batch_sizes: batch sizes ``max_batch_size="auto"`` probes (default: four
@@ -73,7 +73,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             ranks' step times, at least 1% (controllers without ``"auto"`` use 5%).
         revert_slower: BSP: check every plan change against the measured wall time of a
             step and undo a change that made steps slower beyond the measured noise; later
-            changes then move half as far (see the README, "Never slower than DDP").
+            changes then move half as far (see ``docs/controllers.md``, "Never slower than DDP").
         smoothing: EWMA factor of step times, in ``[0, 1)``; 0 keeps only the last step.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
@@ -100,7 +100,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         gamma: local mode: merge momentum in ``[0, 1)``: the merged model is
             ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 (default) is plain weighted
             averaging. ``gamma > 0`` amplifies a steady move up to ``1 / (1 - gamma)`` times
-            and needs a smaller learning rate (see the README).
+            and needs a smaller learning rate (see ``docs/modes.md``).
         **kwargs: forwarded to :class:`~torch.nn.parallel.DistributedDataParallel`
             (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``.
 
@@ -110,7 +110,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
     averaged by DDP's own all-reduce, which they would replace.
 
     The first plan is made when Lightning loads the training data at the start of ``fit``,
-    after the optimizers exist (see the README for ``estimated_stepping_batches``).
+    after the optimizers exist (see ``docs/data.md`` for ``estimated_stepping_batches``).
     """
 
     strategy_name = "hetero"
@@ -162,15 +162,12 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
                 " communication hook or post-local-SGD would replace (Lightning registers them"
                 " on CUDA only). For local SGD use HeteroStrategy(mode='local')."
             )
+        shared = HeteroOptions.pick(locals())
         options = ModeOptions(
             adjust_every, weighted, lr_scaling, rpc_timeout, megabatch_size, delta,
             perturb_threshold, gamma, global_batch_size,
         )  # fmt: skip
-        training_mode, plan_state = hetero_parts(
-            mode, controller, options, deadband=deadband, smoothing=smoothing,
-            batch_sizes=batch_sizes, min_batch_size=min_batch_size, max_batch_size=max_batch_size,
-            memory_safety=memory_safety, probe_batch_sizes=probe_batch_sizes,
-        )  # fmt: skip
+        training_mode, plan_state = hetero_parts(mode, options, shared)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -183,20 +180,11 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             **kwargs,
         )
         # options, as given (scikit-learn style); what a run learns lives in the objects
-        self.mode, self.deadband = mode, deadband
+        self.mode = mode
         self.weighted, self.lr_scaling, self.rpc_timeout = weighted, lr_scaling, rpc_timeout
         self.megabatch_size, self.delta, self.gamma = megabatch_size, delta, gamma
         self.perturb_threshold = perturb_threshold
-        self._start_hetero(
-            training_mode,
-            plan_state,
-            shuffle=shuffle,
-            revert_slower=revert_slower,
-            smoothing=smoothing,
-            adjust_every=adjust_every,
-            memory_safety=memory_safety,
-            probe_batch_sizes=probe_batch_sizes,
-        )
+        self._start_hetero(training_mode, plan_state, shared)
 
     @override
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:

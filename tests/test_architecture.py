@@ -99,7 +99,7 @@ def test_the_strategy_callback_and_replanner_know_no_mode(module: str) -> None:
 
 
 def test_modes_import_no_lightning() -> None:
-    """Modes are shared by both Lightning copies: they reach Lightning only through the host."""
+    """Modes are shared by both Lightning copies: they see the run through its context."""
     for path in sorted((ROOT / "modes").glob("*.py")):
         source = path.read_text(encoding="utf-8")
         assert not re.search(

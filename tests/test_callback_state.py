@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from lightning_hetero import HeteroCallback, HeteroStrategy
 from lightning_hetero.callback import STATE_VERSION, _migrate
+from lightning_hetero.context import RunContext
 from lightning_hetero.plan_state import PlanState
 from lightning_hetero.planning import BatchLimits, ProportionalController
 from lightning_hetero.planning.faults import (
@@ -83,8 +84,11 @@ def test_held_at_minimum_needs_every_throughput_and_one_entry_per_rank():
 def test_the_held_rank_is_warned_about_once():
     # the re-planner's check (it was HeteroCallback._check_minimum before the re-planner)
     state = PlanState(plan=[37, 37, 38, 16], limits=BatchLimits.build(4, 128, min_batch_size=16))
-    host = SimpleNamespace(plan_state=state, training_mode=SimpleNamespace(fixed_plan=False))
-    replanner = Replanner(host, ProportionalController(), smoothing=0.8, adjust_every="epoch")
+    mode = SimpleNamespace(
+        fixed_plan=False, controller=ProportionalController(), bind=lambda *args: None
+    )
+    replanner = Replanner(mode, smoothing=0.8, adjust_every="epoch")
+    replanner.bind(RunContext.single(state, world_size=4))
     replanner._samples_per_s = [370.0, 370.0, 380.0, 12.0]
     with pytest.warns(UserWarning, match=r"rank 3 is held at min_batch_size=16.*removing it"):
         assert replanner._check_minimum() == [3]
@@ -92,7 +96,7 @@ def test_the_held_rank_is_warned_about_once():
         warnings.simplefilter("error")
         assert replanner._check_minimum() == [3]  # still held, not warned again
         # a dual plan pins every rank's batch on purpose: nothing to report
-        host.training_mode.fixed_plan = True
+        mode.fixed_plan = True
         replanner._warned_minimum.clear()
         assert replanner._check_minimum() == []
 

@@ -52,7 +52,8 @@ def test_the_mode_is_built_from_its_registry_entry(case) -> None:
     assert mode.default_controller in CONTROLLERS
     for flag in ("steps_together", "even_steps", "wraps_model", "replans_within_epoch"):
         assert isinstance(getattr(mode, flag), bool), flag
-    assert mode.sampler is None and mode.merges == [] and mode.server is None
+    assert mode.sampler is None  # and no merge or server yet, in the modes that have them
+    assert getattr(mode, "merges", []) == [] and getattr(mode, "server", None) is None
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -141,4 +142,4 @@ def test_the_mode_trains_through_a_real_trainer(case, tmp_path) -> None:
     callback = next(cb for cb in trainer.callbacks if isinstance(cb, HeteroCallback))
     state = callback.state_dict()
     assert state["batch_sizes"] == [8] and state["history"] == strategy.history
-    assert mode.server is None  # teardown released what the mode brought up
+    assert getattr(mode, "server", None) is None  # teardown released what the mode brought up

@@ -2,13 +2,13 @@
 
 import math
 import warnings
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from lightning_hetero._comm import HostStepTimer
 from lightning_hetero.collectives import Collectives
+from lightning_hetero.context import RunContext
 from lightning_hetero.plan_state import PlanState
 from lightning_hetero.planning import (
     BatchLimits,
@@ -33,28 +33,66 @@ def test_a_report_travels_as_one_row_and_comes_back_typed():
     assert got["memory_used"] == [0.2, 0.5] and got["compute_s"] == [0.5, 0.25]
 
 
-class _Host:
-    """One rank's strategy, as the re-planner sees it."""
+class _Mode:
+    """The mode's side of a boundary (what the re-planner calls on it), recorded."""
 
-    def __init__(self, plan: list[int]) -> None:
-        self.global_rank, self.world_size, self.local_rank = 0, 1, 0
-        self.root_device = torch.device("cpu")
-        self.timer = HostStepTimer()
-        self.plan_state = PlanState(plan=plan, limits=BatchLimits.build(1, sum(plan)))
-        self.training_mode = SimpleNamespace(
-            sampler=object(),
-            fixed_plan=False,
-            drawn_steps=lambda: 4,
-            boundary_stats=lambda: {"staleness": [0.0]},
-            on_train_epoch_start=lambda: None,
-            on_train_epoch_end=lambda: True,
-        )
-        self.comm = Collectives(0, 1, self.root_device)
+    fixed_plan = False
+
+    def __init__(self) -> None:
+        self.controller: Controller | None = None
+        self.sampler: object | None = object()
         self.applied: list[tuple[list[int], int | None]] = []
+        self.on_apply = lambda plan: None
 
-    def apply_plan(self, batch_sizes, from_step=None):
-        self.applied.append((list(batch_sizes), from_step))
-        self.plan_state.plan = list(batch_sizes)
+    def bind(self, context, replan) -> None:
+        self.context, self.replan = context, replan
+
+    def drawn_steps(self) -> int:
+        return 4
+
+    def boundary_stats(self) -> dict:
+        return {"staleness": [0.0]}
+
+    def on_train_epoch_start(self) -> None:
+        pass
+
+    def on_train_epoch_end(self) -> bool:
+        return True
+
+    def apply_plan(self, plan, from_step) -> None:
+        self.applied.append((list(plan), from_step))
+        self.on_apply(plan)
+
+
+class _Host:
+    """A real one-process run context, with a recorded mode (what a strategy builds)."""
+
+    def __init__(self, plan: list[int], world_size: int = 1, comm: Collectives | None = None):
+        self.training_mode = _Mode()
+        state = PlanState(plan=plan, limits=BatchLimits.build(world_size, sum(plan)))
+        self.context = RunContext.single(state, world_size=world_size, comm=comm)
+
+    @property
+    def timer(self) -> HostStepTimer:
+        return self.context.timer
+
+    @property
+    def plan_state(self) -> PlanState:
+        return self.context.plan_state
+
+    @property
+    def comm(self) -> Collectives:
+        return self.context.comm
+
+    @property
+    def applied(self) -> list[tuple[list[int], int | None]]:
+        return self.training_mode.applied
+
+    def replanner(self, controller: Controller, **options) -> Replanner:
+        self.training_mode.controller = controller
+        replanner = Replanner(self.training_mode, **options)
+        replanner.bind(self.context)
+        return replanner
 
 
 class _Keep(Controller):
@@ -83,7 +121,7 @@ def test_an_epoch_end_without_a_batch_in_this_fit_runs_no_boundary():
     host = _Host([8])
     ends = []
     host.training_mode.on_train_epoch_end = lambda: ends.append(1) or True
-    replanner = Replanner(host, ProportionalController(), smoothing=0.5, adjust_every="epoch")
+    replanner = host.replanner(ProportionalController(), smoothing=0.5, adjust_every="epoch")
     replanner.batches = 6  # restored from the checkpoint
     replanner.start()
     with warnings.catch_warnings():
@@ -98,7 +136,7 @@ def test_an_epoch_end_without_a_batch_in_this_fit_runs_no_boundary():
 
 def test_a_boundary_without_timings_keeps_the_plan_and_records_it():
     host = _Host([8])
-    replanner = Replanner(host, ProportionalController(), smoothing=0.5, adjust_every="epoch")
+    replanner = host.replanner(ProportionalController(), smoothing=0.5, adjust_every="epoch")
     records = []
     replanner.on_record = records.append
     with pytest.warns(UserWarning, match=r"ranks \[0\] have no finite step timings"):
@@ -113,7 +151,7 @@ def test_a_boundary_without_timings_keeps_the_plan_and_records_it():
 
 def test_a_boundary_with_timings_runs_the_controller_and_counts_batches():
     host = _Host([8])
-    replanner = Replanner(host, _Keep(), smoothing=0.0, adjust_every=2)
+    replanner = host.replanner(_Keep(), smoothing=0.0, adjust_every=2)
     _timed(host, 8, 3, 0.04)
     replanner.batch_finished(epoch=0, step=1)
     assert replanner.history == []  # the first of 2 batches
@@ -134,7 +172,7 @@ def test_a_failing_controller_stops_every_rank_with_its_name(replicable):
     _Broken.replicable = replicable
 
     host = _Host([8])
-    replanner = Replanner(host, _Broken(), smoothing=0.0, adjust_every="epoch")
+    replanner = host.replanner(_Broken(), smoothing=0.0, adjust_every="epoch")
     _timed(host, 8, 2, 0.04)
     with (
         pytest.warns(UserWarning, match="the controller failed: ZeroDivisionError"),
@@ -163,10 +201,7 @@ class _CountingComm(Collectives):
 
 
 def _two_ranks(controller: Controller, rows: list[list[float]] | None = None) -> _Host:
-    host = _Host([8, 8])
-    host.world_size = 2
-    host.plan_state = PlanState(plan=[8, 8], limits=BatchLimits.build(2, 16))
-    host.comm = _CountingComm(rows)
+    host = _Host([8, 8], world_size=2, comm=_CountingComm(rows))
     _timed(host, 8, 3, 0.04)
     return host
 
@@ -177,7 +212,7 @@ def test_a_replicable_controller_decides_on_every_rank_without_a_broadcast(repli
     assert controller.replicable  # plain float arithmetic: the same plan on every machine
     controller.replicable = replicable
     host = _two_ranks(controller)
-    replanner = Replanner(host, controller, smoothing=0.0, adjust_every="epoch")
+    replanner = host.replanner(controller, smoothing=0.0, adjust_every="epoch")
     replanner.start()
     _end_epoch(replanner, steps=3)
     assert host.comm.broadcasts == ([] if replicable else [[8, 8]])
@@ -187,7 +222,7 @@ def test_a_replicable_controller_decides_on_every_rank_without_a_broadcast(repli
 def test_ranks_holding_different_plans_stop_with_a_message_naming_the_controller():
     peer = RankReport(8, 0.04, 0.0, 3, 4, 0.1, 0.5, 0.5, plan_checksum([9, 7]))
     host = _two_ranks(ProportionalController(), rows=[peer.row()])
-    replanner = Replanner(host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
+    replanner = host.replanner(ProportionalController(), smoothing=0.0, adjust_every="epoch")
     replanner.start()
     with pytest.raises(RuntimeError, match="different plans.*ProportionalController.*replicable"):
         _end_epoch(replanner, steps=3)
@@ -202,7 +237,7 @@ def test_plan_checksums_tell_plans_apart_and_stay_exact_in_a_float_row():
 
 def test_the_state_round_trip_restores_plan_controller_history_and_counters():
     host = _Host([8])
-    replanner = Replanner(host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
+    replanner = host.replanner(ProportionalController(), smoothing=0.0, adjust_every="epoch")
     replanner.start()
     _timed(host, 8, 2, 0.04)
     _end_epoch(replanner, steps=2)
@@ -212,7 +247,7 @@ def test_the_state_round_trip_restores_plan_controller_history_and_counters():
 
     fresh_host = _Host([8])
     fresh_host.plan_state.plan = None
-    fresh = Replanner(fresh_host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
+    fresh = fresh_host.replanner(ProportionalController(), smoothing=0.0, adjust_every="epoch")
     fresh.start()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # same world, same controller: nothing to warn about
@@ -224,7 +259,7 @@ def test_the_state_round_trip_restores_plan_controller_history_and_counters():
 def test_nothing_is_gathered_before_the_first_training_loader():
     host = _Host([8])
     host.training_mode.sampler = None
-    replanner = Replanner(host, ProportionalController(), smoothing=0.0, adjust_every="epoch")
+    replanner = host.replanner(ProportionalController(), smoothing=0.0, adjust_every="epoch")
     replanner.boundary(epoch=0, step=0)
     assert replanner.history == []
 
@@ -268,20 +303,11 @@ class _Scripted(Controller):
 
 
 def _guarded_pair(controller: Controller) -> tuple[_Host, Replanner]:
-    host = _Host([8])
-    host.world_size = 2
-    host.plan_state = PlanState(plan=[8, 8], limits=BatchLimits.build(2, 16))
-    host.comm = _Mirror(0, 1, host.root_device)
+    host = _Host([8, 8], world_size=2, comm=_Mirror(0, 1, torch.device("cpu")))
     host.comm.other_batch_size = 8
-
-    def apply(batch_sizes, from_step=None):
-        host.applied.append((list(batch_sizes), from_step))
-        host.plan_state.plan = list(batch_sizes)
-        host.comm.other_batch_size = batch_sizes[1]
-
-    host.apply_plan = apply
+    host.training_mode.on_apply = lambda plan: setattr(host.comm, "other_batch_size", plan[1])
     guard = StepTimeGuard()
-    replanner = Replanner(host, controller, smoothing=0.5, adjust_every="epoch", guard=guard)
+    replanner = host.replanner(controller, smoothing=0.5, adjust_every="epoch", guard=guard)
     replanner.start()
     return host, replanner
 
@@ -320,7 +346,7 @@ def test_the_guards_state_travels_in_the_checkpoint():
     state = replanner.state_dict()
     host2, resumed = _guarded_pair(_Scripted([]))
     resumed.load_state_dict(state)
-    host2.apply_plan(state["batch_sizes"])  # what the first training loader does
+    resumed.apply_plan(state["batch_sizes"])  # what the first training loader does
     _timed(host2, 12, 5, 1.5)
     _end_epoch(resumed, 5)
     assert resumed.history[-1]["reverted"] and host2.plan_state.batch_sizes == [8, 8]

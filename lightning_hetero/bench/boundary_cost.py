@@ -12,16 +12,20 @@ fed rows of OmniLearn's HL2 mix of speeds.
 
 import time
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from lightning_hetero._comm import HostStepTimer
 from lightning_hetero.bench._format import spread
 from lightning_hetero.collectives import Collectives
+from lightning_hetero.context import RunContext
 from lightning_hetero.plan_state import PlanState
-from lightning_hetero.planning import HETEROGENEITY_LEVELS, BatchLimits, make_controller
+from lightning_hetero.planning import (
+    HETEROGENEITY_LEVELS,
+    BatchLimits,
+    Controller,
+    make_controller,
+)
 from lightning_hetero.replan import RankReport, Replanner, plan_checksum
 
 __all__ = ["boundary_table", "gather_s", "replan_s"]
@@ -41,29 +45,43 @@ class _Gathered(Collectives):
         return list(values)
 
 
-def _host(world_size: int) -> Any:
+class _Mode:
+    """The mode's side of a boundary: a plan change takes effect at once."""
+
+    fixed_plan = False
+    sampler = object()
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    def bind(self, context: RunContext, replan: Any) -> None:
+        pass
+
+    def drawn_steps(self) -> int:
+        return 1
+
+    def boundary_stats(self) -> dict[str, Any]:
+        return {}
+
+    def apply_plan(self, plan: list[int], from_step: int | None) -> None:
+        pass
+
+
+def _replanner(controller: str, world_size: int) -> Replanner:
+    """A re-planner bound to one rank of ``world_size`` whose gather returns prepared rows."""
     plan = [_PER_RANK] * world_size
-    host = SimpleNamespace(global_rank=0, world_size=world_size, local_rank=0)
-    host.root_device = torch.device("cpu")
-    host.timer = HostStepTimer()
-    host.plan_state = PlanState(plan=plan, limits=BatchLimits.build(world_size, sum(plan)))
-    host.training_mode = SimpleNamespace(
-        sampler=object(),
-        fixed_plan=False,
-        drawn_steps=lambda: 1,
-        boundary_stats=dict,
-    )
-    host.apply_plan = lambda sizes, from_step=None: setattr(host.plan_state, "plan", list(sizes))
     speeds = HETEROGENEITY_LEVELS["HL2"]
-    comm = _Gathered(0, world_size, host.root_device)
+    comm = _Gathered(0, world_size, torch.device("cpu"))
     check = plan_checksum(plan)
     comm.rows = [
         RankReport(_PER_RANK, 0.01 * _PER_RANK / speeds[k % 4], 0.0, 5, 1, 0.5, 0.5, 0.5, check)
         .row()
         for k in range(world_size)
     ]  # fmt: skip
-    host.comm = comm
-    return host
+    state = PlanState(plan=plan, limits=BatchLimits.build(world_size, sum(plan)))
+    replanner = Replanner(_Mode(make_controller(controller)), smoothing=0.0, adjust_every=1)
+    replanner.bind(RunContext.single(state, world_size=world_size, comm=comm))
+    return replanner
 
 
 def replan_s(controller: str, world_size: int, repeats: int = 7) -> list[float]:
@@ -71,9 +89,8 @@ def replan_s(controller: str, world_size: int, repeats: int = 7) -> list[float]:
     uniform plan that the controller changes; one figure per repeat."""
     times = []
     for _ in range(repeats):
-        host = _host(world_size)
-        replanner = Replanner(host, make_controller(controller), smoothing=0.0, adjust_every=1)
-        host.timer._pending.append((_PER_RANK, 0.0, 0.01, (), 0.0, True, 0))
+        replanner = _replanner(controller, world_size)
+        replanner.ctx.timer._pending.append((_PER_RANK, 0.0, 0.01, (), 0.0, True, 0))
         start = time.perf_counter()
         replanner.boundary(0, 1)
         times.append(time.perf_counter() - start)

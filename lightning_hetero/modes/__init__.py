@@ -6,7 +6,7 @@ hook to it (see :class:`~lightning_hetero.modes.base.Mode`). A new mode is a new
 """
 
 from lightning_hetero.modes.asynchronous import ParameterServerMode
-from lightning_hetero.modes.base import Host, Mode, ModeOptions, Replan, TimeProbe
+from lightning_hetero.modes.base import Mode, ModeOptions, Replan, TimeProbe
 from lightning_hetero.modes.bsp import SynchronousMode
 from lightning_hetero.modes.dual import DualBatchMode
 from lightning_hetero.modes.local import LocalSGDMode
@@ -19,7 +19,6 @@ __all__ = [
     "MODES",
     "VARIANTS",
     "DualBatchMode",
-    "Host",
     "LocalSGDMode",
     "Mode",
     "ModeOptions",

@@ -31,6 +31,8 @@ class ParameterServerMode(Mode):
     def __init__(self, controller: Controller, options: ModeOptions) -> None:
         super().__init__(controller, options)
         self.client: ServerClient | None = None
+        #: The parameter server (rank 0, while training).
+        self.server: ParameterServer | None = None
         self.pushes = 0
         self._seen_version = 0
         self._failed = False
@@ -47,20 +49,20 @@ class ParameterServerMode(Mode):
 
     # ---------------------------------------------------------------- set-up
     def setup_environment(self) -> None:
-        host = self._host()
+        ctx = self.ctx
         self._failed = False
         ServerClient.init_rpc(
-            host.global_rank,
-            host.world_size,
-            host.cluster_environment.main_address,
+            ctx.rank,
+            ctx.world_size,
+            ctx.main_address,
             self.options.rpc_timeout,
         )
-        self.client = ServerClient(host.global_rank, self.options.rpc_timeout)
+        self.client = ServerClient(ctx.rank, self.options.rpc_timeout)
 
     def on_train_start(self) -> None:
-        host = self._host()
-        if host.global_rank == 0:
-            self.server = ParameterServer(host.optimizers, host.world_size, self._scales_lr())
+        ctx = self.ctx
+        if ctx.rank == 0:
+            self.server = ParameterServer(ctx.optimizers, ctx.world_size, self._scales_lr())
             ServerClient.start_server(self.server)
         self.synchronize("the start of training")  # every rank starts from the server
 
@@ -70,7 +72,7 @@ class ParameterServerMode(Mode):
 
     # ---------------------------------------------------------------- steps
     def post_backward(self) -> None:
-        self._host().timer.grads_ready()  # the push that follows counts as waiting
+        self.ctx.timer.grads_ready()  # the push that follows counts as waiting
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
         index = self._optimizer_index(optimizer)
@@ -84,7 +86,7 @@ class ParameterServerMode(Mode):
         with patched(optimizer, {"step": push_instead_of_step}):
             output = run()
         optimizer._opt_called = True  # type: ignore[attr-defined]  # LR schedulers check it
-        self._host().timer.step_done()
+        self.ctx.timer.step_done()
         return output
 
     def update_factor(self) -> float:
@@ -94,7 +96,7 @@ class ParameterServerMode(Mode):
     def _optimizer_index(self, optimizer: torch.optim.Optimizer) -> int:
         """Position of ``optimizer`` (or the one a ``LightningOptimizer`` wraps)."""
         raw = getattr(optimizer, "_optimizer", optimizer)
-        return next(i for i, opt in enumerate(self._host().optimizers) if opt is raw)
+        return next(i for i, opt in enumerate(self.ctx.optimizers) if opt is raw)
 
     def _push(self, index: int, optimizer: torch.optim.Optimizer) -> None:
         assert self.client is not None
@@ -108,12 +110,12 @@ class ParameterServerMode(Mode):
         _load(params, result.params)
         self._seen_version = result.version
         self.pushes += 1
-        self._host().timer.backward_done()
+        self.ctx.timer.backward_done()
 
     def _pull_all(self) -> None:
         """Load the server's latest parameters into this rank's model."""
         assert self.client is not None
-        for index, optimizer in enumerate(self._host().optimizers):
+        for index, optimizer in enumerate(self.ctx.optimizers):
             result = self.client.pull(index)
             _load(optimizer_params(optimizer), result.params)
             self._seen_version = result.version
@@ -125,14 +127,14 @@ class ParameterServerMode(Mode):
 
     def synchronize(self, point: str) -> None:
         """Wait for every rank, then load the server's model everywhere."""
-        host = self._host()
-        host.barrier(point)  # every push of every rank has been applied
+        ctx = self.ctx
+        ctx.barrier(point)  # every push of every rank has been applied
         self._pull_all()
-        buffers = [b for b in host.lightning_module.buffers() if b.dtype.is_floating_point]
-        with host.comm.guarded(f"the buffer average at {point}"):
+        buffers = [b for b in ctx.module.buffers() if b.dtype.is_floating_point]
+        with ctx.comm.guarded(f"the buffer average at {point}"):
             # BatchNorm statistics would stay per rank otherwise
-            weighted_average_(buffers, 1.0, host.world_size)
-        host.barrier(f"{point}, after the pulls")  # no rank tears the server down mid-pull
+            weighted_average_(buffers, 1.0, ctx.world_size)
+        ctx.barrier(f"{point}, after the pulls")  # no rank tears the server down mid-pull
 
     # ---------------------------------------------------------------- boundaries
     def on_train_epoch_end(self) -> bool:
@@ -166,12 +168,12 @@ class ParameterServerMode(Mode):
         self._failed = True
         if self.client is None or not isinstance(exception, Exception):
             return
-        host = self._host()
-        gone = self.client.unreachable(range(host.world_size))
+        ctx = self.ctx
+        gone = self.client.unreachable(range(ctx.world_size))
         if gone:
             add_note(
                 exception,
-                f"hetero: rank {host.global_rank} finds that rank(s) {gone} no longer answer:"
+                f"hetero: rank {ctx.rank} finds that rank(s) {gone} no longer answer:"
                 " the rank that died, and any that stopped after it (each rank reports what"
                 " it sees; rank 0 hosts the server). The parameter server applies each update"
                 " whole, so its model holds only complete updates; resume from the last"
@@ -181,7 +183,7 @@ class ParameterServerMode(Mode):
     def teardown(self) -> None:
         if self.server is not None:
             # Later `trainer.save_checkpoint` calls save the optimizers: give them the server's.
-            for index, optimizer in enumerate(self._host().optimizers):
+            for index, optimizer in enumerate(self.ctx.optimizers):
                 optimizer.load_state_dict(self.server.optimizer_state(index))
         if self.client is not None:
             ServerClient.stop_server()

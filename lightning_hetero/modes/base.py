@@ -4,50 +4,32 @@ A mode is what differs between synchronous data parallelism, a parameter server 
 SGD: how the model is wrapped, how each rank's batches are drawn, what an optimizer step
 does, and what happens at validation, epoch ends and teardown. The strategy builds one mode
 object from its ``mode=`` option and hands each of its lifecycle hooks to it; it never asks
-which mode it runs. A mode reaches the strategy only through :class:`Host`, and the
-re-planner through the ``replan`` callable it is given, so this package imports neither.
+which mode it runs. A mode sees the run through its
+:class:`~lightning_hetero.context.RunContext` and reaches the re-planner only through the
+``replan`` callable it is given (both with :meth:`Mode.bind`), so this package imports
+neither the strategy nor the re-planner.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from lightning_hetero._comm import HostStepTimer
-from lightning_hetero.collectives import Collectives
-from lightning_hetero.plan_state import PlanState
+from lightning_hetero.context import RunContext
 from lightning_hetero.planning import Controller, check_merge_options
 from lightning_hetero.planning.dual import DualBatchController
 from lightning_hetero.planning.split import plan_checksum
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
-__all__ = ["Host", "Mode", "ModeOptions", "Replan", "TimeProbe"]
+__all__ = ["Mode", "ModeOptions", "Replan", "TimeProbe"]
 
 #: Run one boundary now: ``replan(updates)``, with each rank's update count where ranks make
 #: different numbers of updates (``None`` in lock-step modes). Call on every rank together.
 Replan = Callable[[list[int] | None], None]
 #: ``probe(largest)``: a time model fitted to timed training steps of up to ``largest`` samples.
 TimeProbe = Callable[[int], Any]
-
-
-class Host(Protocol):
-    """What a mode may use of the strategy that runs it."""
-
-    global_rank: int
-    world_size: int
-    root_device: torch.device
-    cluster_environment: Any
-    optimizers: list[torch.optim.Optimizer]
-    lightning_module: Any
-    plan_state: PlanState
-    timer: HostStepTimer
-
-    @property
-    def comm(self) -> Collectives: ...
-
-    def barrier(self, name: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -63,6 +45,15 @@ class ModeOptions:
     perturb_threshold: float = 0.1
     gamma: float = 0.0
     global_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        # a bad value is refused whichever mode runs (each mode refuses what it cannot honour)
+        check_merge_options(
+            self.delta, self.gamma, self.perturb_threshold, self.megabatch_size,
+            self.global_batch_size,
+        )  # fmt: skip
+        if not self.rpc_timeout > 0:
+            raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {self.rpc_timeout}.")
 
 
 class Mode:
@@ -99,32 +90,18 @@ class Mode:
     def __init__(self, controller: Controller, options: ModeOptions) -> None:
         self.controller = controller
         self.options = options
-        self.host: Host | None = None
+        self.context: RunContext | None = None
         self.replan: Replan | None = None
         self.sampler: Sampler[list[int]] | None = None
         #: ``(b_k, B)`` of the current step: this rank's samples and the step's global batch.
         self.share: tuple[int, int] = (1, 1)
         self._keyed: tuple[list[int] | None, int] = (None, 0)  # a plan and its checksum
-        #: One record per model merge (local SGD; empty in other modes).
-        self.merges: list[dict[str, Any]] = []
-        #: The parameter server (rank 0 of a parameter-server mode, while training).
-        self.server: Any = None
-        #: The dual batch size plan being run (``None`` for other controllers).
-        self.dual_plan: Any = None
 
     # ---------------------------------------------------------------- construction
     @classmethod
     def check_options(cls, options: ModeOptions, controller: Controller) -> None:
-        """Refuse options this mode cannot honour (at construction)."""
-        check_merge_options(
-            options.delta,
-            options.gamma,
-            options.perturb_threshold,
-            options.megabatch_size,
-            options.global_batch_size,
-        )
-        if not options.rpc_timeout > 0:
-            raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {options.rpc_timeout}.")
+        """Refuse options this mode cannot honour (at construction; values out of range are
+        refused by :class:`ModeOptions` itself)."""
         if not options.weighted and not cls.steps_together:  # a gradient all-reduce ablation
             raise ValueError(
                 f"`weighted=False` is a BSP ablation; mode={cls.name!r} weights each rank by its"
@@ -150,14 +127,18 @@ class Mode:
         """The option that selected this mode, for error messages."""
         return f"mode={self.name!r}"
 
-    def attach(self, host: Host, replan: Replan) -> None:
-        """Connect to the strategy and the re-planner (once, before any other hook)."""
-        self.host = host
+    def bind(self, context: RunContext, replan: Replan) -> None:
+        """Work in ``context`` and re-plan through ``replan`` (at each run's set-up, before
+        any other hook)."""
+        self.context = context
         self.replan = replan
 
-    def _host(self) -> Host:
-        assert self.host is not None, "the mode is not attached to a strategy"
-        return self.host
+    @property
+    def ctx(self) -> RunContext:
+        """The run this mode is bound to."""
+        if self.context is None:
+            raise RuntimeError(f"hetero: {self.option_text()} is not bound to a run yet.")
+        return self.context
 
     # ---------------------------------------------------------------- set-up
     def setup_environment(self) -> None:
@@ -182,13 +163,13 @@ class Mode:
         self, epochs: EpochPermutation, plan: list[int], drop_last: bool, lower: int
     ) -> Sampler[list[int]]:
         """This rank's training batches: its slice of each global batch of ``plan``."""
-        host = self._host()
+        ctx = self.ctx
         self.sampler = GlobalBatchSampler(
             epochs,
             plan,
-            rank=host.global_rank,
+            rank=ctx.rank,
             drop_last=drop_last,
-            min_batch_sizes=[lower] * host.world_size,
+            min_batch_sizes=[lower] * ctx.world_size,
         )
         return self.sampler
 
@@ -214,11 +195,11 @@ class Mode:
             return None
         step = min(batch_idx, len(sampler) - 1)
         _, sizes = sampler.layout(step)
-        return sizes[self._host().global_rank], sum(sizes), sizes == sampler.plan_at(step)
+        return sizes[self.ctx.rank], sum(sizes), sizes == sampler.plan_at(step)
 
     def on_train_batch_start(self, batch_idx: int) -> None:
         """Close the previous step's timing; set :attr:`share`; time the step if planned."""
-        timer = self._host().timer
+        timer = self.ctx.timer
         layout = self.step_layout(batch_idx)
         if layout is not None:
             self.share = layout[:2]
@@ -248,17 +229,17 @@ class Mode:
         """``loss * K * b_k / B`` for this step's :attr:`share`: once the ranks' gradients are
         averaged (DDP's all-reduce, FSDP's reduce-scatter), rank ``k``'s weighs ``b_k / B``."""
         local, total = self.share
-        factor = self._host().world_size * local / total
+        factor = self.ctx.world_size * local / total
         return loss if factor == 1.0 else loss * factor
 
     def post_backward(self) -> None:
         """A backward pass ended."""
-        self._host().timer.backward_done()
+        self.ctx.timer.backward_done()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
         """Step ``optimizer`` (``run`` is Lightning's step); the step's work is compute."""
         output = run()
-        self._host().timer.step_done()
+        self.ctx.timer.step_done()
         return output
 
     def on_train_epoch_start(self) -> None:

@@ -33,14 +33,14 @@ class SynchronousMode(Mode):
 
     def register_hooks(self, model: Any) -> None:
         assert isinstance(model, DistributedDataParallel)
-        self._handles = mark_grads_ready(model.module, self._host().timer.grads_ready)
+        self._handles = mark_grads_ready(model.module, self.ctx.timer.grads_ready)
 
     def backward(
         self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
         # DDP waits for the gradient all-reduce inside backward: a hung peer surfaces here
         # (the note names both, since backward can also fail on its own, e.g. out of memory).
-        with self._host().comm.guarded("backward with its gradient all-reduce"):
+        with self.ctx.comm.guarded("backward with its gradient all-reduce"):
             return run(self.scale_loss(loss) if self.options.weighted else loss)
 
     def teardown(self) -> None:

@@ -33,6 +33,8 @@ class DualBatchMode(ParameterServerMode):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reference: DualBatchPlan | None = None  # the dual plan at input scale 1
+        #: The dual batch size plan being run.
+        self.dual_plan: DualBatchPlan | None = None
 
     @property
     def dual(self) -> DualBatchController:
@@ -47,13 +49,13 @@ class DualBatchMode(ParameterServerMode):
 
     def update_factor(self) -> float:
         assert self.dual_plan is not None
-        return float(self.dual_plan.update_factors[self._host().global_rank])
+        return float(self.dual_plan.update_factors[self.ctx.rank])
 
     # ---------------------------------------------------------------- the plan
     def first_plan(self, loader: DataLoader, probe_time: TimeProbe) -> list[int] | None:
         """Time probe batches, then plan ``B_L``/``B_S`` and the per-rank sample shares."""
-        host = self._host()
-        upper = host.plan_state.upper()
+        ctx = self.ctx
+        upper = ctx.plan_state.upper()
         smallest_upper = _smallest(upper)
         large = self.dual.large_batch_size or smallest_upper or loader.batch_size
         if large is None:
@@ -76,8 +78,8 @@ class DualBatchMode(ParameterServerMode):
         self._reference = plan_dual_batch(
             time_model,
             len(loader.dataset),  # type: ignore[arg-type]
-            host.world_size,
-            self.dual.resolve_small_workers(host.world_size),
+            ctx.world_size,
+            self.dual.resolve_small_workers(ctx.world_size),
             large,
             self.dual.extra_time_ratio,
             self.dual.update_factor,
@@ -88,7 +90,7 @@ class DualBatchMode(ParameterServerMode):
         """The dual plan at the current input scale (hybrid scheme: one per resolution)."""
         reference = self._reference
         assert reference is not None
-        state = self._host().plan_state
+        state = self.ctx.plan_state
         scale = state.input_scale
         plan = reference
         if scale != 1.0 or state.scaled_global is not None:
@@ -111,7 +113,7 @@ class DualBatchMode(ParameterServerMode):
             epochs,
             self.dual_plan.samples,
             self.dual_plan.batch_sizes,
-            rank=self._host().global_rank,
+            rank=self.ctx.rank,
             drop_last=drop_last,
             min_batch_size=lower,
         )

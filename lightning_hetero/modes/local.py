@@ -36,16 +36,17 @@ class LocalSGDMode(Mode):
         self._merger: ReplicaMerger | None = None
         self._next_merge = 0  # the next mega-batch of the epoch to merge
         self._updates = 0  # this rank's updates in the current mega-batch
+        #: One record per model merge (weights, update counts, perturbation).
+        self.merges: list[dict[str, Any]] = []
 
     @classmethod
     def other_boundaries(cls) -> str:
         return " and after every mega-batch"
 
     def setup_environment(self) -> None:
-        host = self._host()
-        environment = host.cluster_environment
-        self._cursor = SharedCursor.connect(environment.main_address, environment.main_port)
-        self._run_id = str(host.comm.broadcast_objects([os.urandom(6).hex()])[0])
+        ctx = self.ctx
+        self._cursor = SharedCursor.connect(ctx.main_address, ctx.main_port)
+        self._run_id = str(ctx.comm.broadcast_objects([os.urandom(6).hex()])[0])
 
     def batch_sampler(
         self, epochs: EpochPermutation, plan: list[int], drop_last: bool, lower: int
@@ -59,7 +60,7 @@ class LocalSGDMode(Mode):
         self.sampler = MegaBatchSampler(
             epochs,
             self._cursor,
-            plan[self._host().global_rank],
+            plan[self.ctx.rank],
             megabatch,
             self._run_id,
             min_batch_size=lower,
@@ -68,14 +69,14 @@ class LocalSGDMode(Mode):
 
     def apply_plan(self, plan: list[int], from_step: int | None) -> None:
         assert isinstance(self.sampler, MegaBatchSampler)
-        self.sampler.set_batch_size(plan[self._host().global_rank])  # from the next claim
+        self.sampler.set_batch_size(plan[self.ctx.rank])  # from the next claim
 
     def on_train_start(self) -> None:
-        host = self._host()
-        module = host.lightning_module
+        ctx = self.ctx
+        module = ctx.module
         for tensor in [*module.parameters(), *module.buffers()]:
-            host.comm.broadcast_tensor(tensor.data)
-        self._merger = ReplicaMerger(module, host.global_rank, self.options.gamma)
+            ctx.comm.broadcast_tensor(tensor.data)
+        self._merger = ReplicaMerger(module, ctx.rank, self.options.gamma)
 
     def step_layout(self, batch_idx: int) -> tuple[int, int, bool] | None:
         sampler = self.sampler
@@ -85,12 +86,12 @@ class LocalSGDMode(Mode):
         while self._next_merge < megabatch:
             self._merge_megabatch()
         self._updates += 1
-        plan = self._host().plan_state.batch_sizes
-        return local, sum(plan), local == plan[self._host().global_rank]
+        plan = self.ctx.plan_state.batch_sizes
+        return local, sum(plan), local == plan[self.ctx.rank]
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
         local, total = self.share
-        world_size = self._host().world_size
+        world_size = self.ctx.world_size
         factor = local * world_size / total if self.options.lr_scaling else 1.0
         with scaled_lr(optimizer, factor):
             return super().optimizer_step(optimizer, run)
@@ -99,10 +100,10 @@ class LocalSGDMode(Mode):
     def _merge_megabatch(self) -> None:
         """Merge the replicas after mega-batch ``_next_merge`` and re-plan (every rank)."""
         assert self._merger is not None and self.replan is not None
-        host = self._host()
-        rows = host.comm.gather_rows([self._updates, self._merger.norm_per_parameter()])
+        ctx = self.ctx
+        rows = ctx.comm.gather_rows([self._updates, self._merger.norm_per_parameter()])
         updates = [int(row[0]) for row in rows]
-        plan = host.plan_state.batch_sizes
+        plan = ctx.plan_state.batch_sizes
         weights = merge_weights(
             plan,
             updates,
@@ -113,7 +114,7 @@ class LocalSGDMode(Mode):
         self._merger.merge(weights.weights)
         self.merges.append(
             {
-                "epoch": host.lightning_module.trainer.current_epoch,
+                "epoch": ctx.epoch,
                 "megabatch": self._next_merge,
                 "batch_sizes": plan,
                 "updates": updates,

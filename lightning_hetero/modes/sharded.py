@@ -155,16 +155,16 @@ class ShardedMode(Mode):
     def backward(
         self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
-        with self._host().comm.guarded("backward with its gradient reduce-scatter"):
+        with self.ctx.comm.guarded("backward with its gradient reduce-scatter"):
             output = run(self.scale_loss(self.redirect.mark_output(loss)))
         self.redirect.regather()
         return output
 
     def post_backward(self) -> None:
-        host = self._host()
+        ctx = self.ctx
         if self.meter is not None:
-            host.timer.add_wait(self.meter.take())
-        host.timer.backward_done()
+            ctx.timer.add_wait(self.meter.take())
+        ctx.timer.backward_done()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
         output = super().optimizer_step(optimizer, run)
@@ -174,13 +174,13 @@ class ShardedMode(Mode):
     # ---------------------------------------------------------------- BatchNorm statistics
     def average_norm_buffers(self) -> None:
         """Replace every rank's BatchNorm running statistics by their batch-weighted mean."""
-        host = self._host()
-        buffers = norm_buffers(host.lightning_module)
-        if not buffers or host.world_size == 1:
+        ctx = self.ctx
+        buffers = norm_buffers(ctx.module)
+        if not buffers or ctx.world_size == 1:
             return
-        plan = host.plan_state.batch_sizes or [1] * host.world_size
-        with host.comm.guarded("averaging the BatchNorm statistics"):
-            weighted_average_(buffers, float(plan[host.global_rank]), float(sum(plan)))
+        plan = ctx.plan_state.batch_sizes or [1] * ctx.world_size
+        with ctx.comm.guarded("averaging the BatchNorm statistics"):
+            weighted_average_(buffers, float(plan[ctx.rank]), float(sum(plan)))
 
     def on_train_epoch_end(self) -> bool:
         self.average_norm_buffers()

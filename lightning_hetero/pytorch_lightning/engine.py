@@ -10,7 +10,8 @@ Each strategy adds its constructor and how it wraps the model.
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
@@ -35,49 +36,71 @@ from lightning_hetero.pytorch_lightning._lightning import (
 from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.pytorch_lightning.callback import HeteroCallback
 from lightning_hetero.collectives import Collectives, destroy_at_exit, is_mean, weighted_mean_
+from lightning_hetero.context import RunContext
 from lightning_hetero.pytorch_lightning.emulate import Throttle
 from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
 from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
-from lightning_hetero.planning.base import Deadband
 from lightning_hetero.planning.dual import DualBatchPlan
 from lightning_hetero.replan import Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
 from lightning_hetero.sampler import EpochPermutation
 
-__all__ = ["HeteroEngine", "hetero_parts"]
+__all__ = ["HeteroEngine", "HeteroOptions", "hetero_parts"]
+
+
+@dataclass(frozen=True)
+class HeteroOptions:
+    """The options every hetero strategy takes, in one place.
+
+    Each strategy lists them as keyword arguments of its constructor (so that LightningCLI and
+    editors see them), with these defaults and types; a test holds both strategies to this
+    list. What each means is documented once, on :class:`~lightning_hetero.HeteroStrategy`.
+    """
+
+    controller: str | Controller | None = None
+    batch_sizes: str | list[int] = "uniform"
+    global_batch_size: int | None = None
+    min_batch_size: int | None = None
+    max_batch_size: int | list[int] | Literal["auto"] | None = None
+    memory_safety: float = 0.9
+    probe_batch_sizes: list[int] | None = None
+    deadband: float | Literal["auto"] = "auto"
+    revert_slower: bool = True
+    smoothing: float = 0.8
+    adjust_every: Literal["epoch"] | int = "epoch"
+    shuffle: bool = True
+
+    @classmethod
+    def pick(cls, arguments: dict[str, Any]) -> "HeteroOptions":
+        """These options out of a constructor's ``locals()``."""
+        return cls(**{f.name: arguments[f.name] for f in fields(cls)})
 
 
 def hetero_parts(
     mode: str,
-    controller: str | Controller | None,
     options: ModeOptions,
-    *,
-    deadband: Deadband,
-    smoothing: float,
-    batch_sizes: str | list[int],
-    min_batch_size: int | None,
-    max_batch_size: int | list[int] | str | None,
-    memory_safety: float,
-    probe_batch_sizes: list[int] | None,
+    shared: HeteroOptions,
     modes: dict[str, type[Mode]] | None = None,
 ) -> tuple[Mode, PlanState]:
     """Check a strategy's hetero options and build its mode and plan state (before the
     Lightning strategy is built, so that bad input fails first). ``modes``: the engine's
     registry (default: DDP's)."""
-    check_replan_options(deadband, smoothing, options.adjust_every)
-    check_probe_options(memory_safety, probe_batch_sizes)
-    training_mode = build_mode(mode, controller, deadband, options, modes=modes)
+    check_replan_options(shared.deadband, shared.smoothing, options.adjust_every)
+    check_probe_options(shared.memory_safety, shared.probe_batch_sizes)
+    training_mode = build_mode(mode, shared.controller, shared.deadband, options, modes=modes)
     total = options.global_batch_size
-    initial = check_plan_options(batch_sizes, total, min_batch_size, max_batch_size)
-    return training_mode, PlanState(initial, total, min_batch_size, max_batch_size)
+    lower, upper = shared.min_batch_size, shared.max_batch_size
+    initial = check_plan_options(shared.batch_sizes, total, lower, upper)
+    return training_mode, PlanState(initial, total, lower, upper)
 
 
 class HeteroEngine:
     """Per-rank batch sizes for a Lightning ``ParallelStrategy`` (mix in before it).
 
     The strategy's constructor checks its options with :func:`hetero_parts` and, once the
-    Lightning strategy is built, calls :meth:`_start_hetero`.
+    Lightning strategy is built, calls :meth:`_start_hetero` with the shared
+    :class:`HeteroOptions`.
     """
 
     #: The running training mode, which every lifecycle hook is handed to.
@@ -86,36 +109,28 @@ class HeteroEngine:
     replanner: Replanner
     #: What ``max_batch_size="auto"`` found on this rank: the bound and the fitted model.
     memory_probe: dict[str, Any] | None
-    timer: HostStepTimer
 
     def _start_hetero(
-        self,
-        training_mode: Mode,
-        plan_state: PlanState,
-        *,
-        shuffle: bool,
-        revert_slower: bool,
-        smoothing: float,
-        adjust_every: Any,
-        memory_safety: float,
-        probe_batch_sizes: list[int] | None,
+        self, training_mode: Mode, plan_state: PlanState, shared: HeteroOptions
     ) -> None:
-        """Build the objects that hold what a run learns (options stay as given)."""
-        self.shuffle, self.smoothing, self.adjust_every = shuffle, smoothing, adjust_every
-        self.memory_safety, self.probe_batch_sizes = memory_safety, probe_batch_sizes
+        """Keep the options as given and build the objects that hold what a run learns."""
+        self.shuffle, self.smoothing = shared.shuffle, shared.smoothing
+        self.adjust_every, self.deadband = shared.adjust_every, shared.deadband
+        self.memory_safety, self.probe_batch_sizes = shared.memory_safety, shared.probe_batch_sizes
+        self.revert_slower = shared.revert_slower
         self.training_mode = training_mode
         self.plan_state = plan_state
-        self.revert_slower = revert_slower
         # the objective it checks, one step time for every rank, exists in lock-step modes
-        guard = StepTimeGuard() if revert_slower and training_mode.steps_together else None
+        steps_together = training_mode.steps_together
+        guard = StepTimeGuard() if shared.revert_slower and steps_together else None
         self.replanner = Replanner(
-            self, training_mode.controller, smoothing, adjust_every, guard=guard
+            training_mode, shared.smoothing, shared.adjust_every, guard=guard
         )
         self.memory_probe = None
-        self.timer = HostStepTimer()
+        #: The run the re-planner, the mode and the probes work in (made at set-up).
+        self.context: RunContext | None = None
         self._optimizers_ready = False  # set-up has built the optimizers
         self._reload_after_setup = False  # the training data was loaded before that
-        training_mode.attach(self, self._replan)
 
     # ---------------------------------------------------------------- public state
     @property
@@ -141,17 +156,17 @@ class HeteroEngine:
     @property
     def merges(self) -> list[dict[str, Any]]:
         """Local mode: one record per merge (weights, update counts, perturbation)."""
-        return self.training_mode.merges
+        return getattr(self.training_mode, "merges", [])
 
     @property
     def server(self) -> Any:
         """The parameter server (async mode, rank 0 only, while training)."""
-        return self.training_mode.server
+        return getattr(self.training_mode, "server", None)
 
     @property
     def dual_plan(self) -> DualBatchPlan | None:
         """Dual batch size learning: the plan being run (``None`` for other controllers)."""
-        return self.training_mode.dual_plan
+        return getattr(self.training_mode, "dual_plan", None)
 
     @property
     def sampler(self) -> Any:
@@ -159,10 +174,47 @@ class HeteroEngine:
         return self.training_mode.sampler
 
     @property
+    def timer(self) -> HostStepTimer:
+        """Times this rank's training steps and the waiting inside them."""
+        return self._context().timer
+
+    @property
     def comm(self) -> Collectives:
-        """The plugin's own collectives on the default process group."""
+        """The plugin's own collectives on the default process group (the run's)."""
+        return self._context().comm
+
+    def _context(self) -> RunContext:
+        if self.context is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no run yet: its collectives and step timer exist"
+                " once `setup_environment` has run (the Trainer calls it)."
+            )
+        return self.context
+
+    def _make_context(self) -> RunContext:
+        """This rank's run, once the process group is up (see :class:`RunContext`)."""
         device = self.root_device if self.parallel_devices else torch.device("cpu")  # bare
-        return Collectives(self.global_rank, self.world_size, device, self._timeout)
+        environment = self.cluster_environment
+        module = self.lightning_module
+        trainer = None if module is None else module.trainer
+
+        def position() -> tuple[int, int]:
+            return (0, 0) if trainer is None else (trainer.current_epoch, trainer.global_step)
+
+        return RunContext(
+            rank=self.global_rank,
+            world_size=self.world_size,
+            local_rank=self.local_rank,
+            device=device,
+            comm=Collectives(self.global_rank, self.world_size, device, self._timeout),
+            timer=CudaStepTimer() if device.type == "cuda" else HostStepTimer(),
+            plan_state=self.plan_state,
+            main_address=environment.main_address if environment else "127.0.0.1",
+            main_port=environment.main_port if environment else 29500,
+            devices=list(self.parallel_devices or [device]),
+            module=module,
+            position=position,
+        )
 
     def gather_rows(self, values: Sequence[float]) -> list[list[float]]:
         """All-gather one row of floats per rank; returns the rows in rank order."""
@@ -184,6 +236,8 @@ class HeteroEngine:
     def setup_environment(self) -> None:
         super().setup_environment()
         destroy_at_exit()
+        self.context = self._make_context()
+        self.replanner.bind(self.context)  # and the mode, which re-plans through it
         self._note_batch_norm()
         self.plan_state.check_world(self.world_size)
         if self.lightning_module is None:
@@ -202,7 +256,6 @@ class HeteroEngine:
 
     @override
     def setup(self, trainer: "pl.Trainer") -> None:
-        self.timer = CudaStepTimer() if self.root_device.type == "cuda" else HostStepTimer()
         fitting = trainer.state.fn == TrainerFn.FITTING
         state = self.plan_state
         self._note_batch_norm()  # `configure_model` may have added layers since
@@ -214,6 +267,7 @@ class HeteroEngine:
         self._optimizers_ready = False
         super().setup(trainer)
         self._optimizers_ready = True
+        self._context().optimizers = self.optimizers
         if not fitting:
             return
         if self._reload_after_setup:
@@ -274,13 +328,23 @@ class HeteroEngine:
         # a sharded model's steps communicate: every rank probes the same sizes, and each
         # step runs as in training (inside the sharded root's forward)
         sharded = mode.probe_steps_communicate
+        module = self.lightning_module
+
+        def training_step(batch: Any, batch_idx: int) -> Any:
+            if sharded:
+                return self.training_step(batch, batch_idx)
+            with self.precision_plugin.train_step_context():
+                return module.training_step(batch, batch_idx)
+
         probe = StepProbe(
-            self,
+            self._context(),
             loader,
-            emulation,
-            mode.timed_step_extra,
+            training_step,
+            self.batch_to_device,
+            schedulers=[config.scheduler for config in self.lr_scheduler_configs],
+            emulation=emulation,
+            extra=mode.timed_step_extra,
             agree=self.comm.any if sharded else None,
-            training_step=self.training_step if sharded else None,
         )
         state = self.plan_state
         if state.max_batch_size == "auto" and self.memory_probe is None:
@@ -311,9 +375,7 @@ class HeteroEngine:
         epoch; the step must not have been drawn by any rank's loader yet.
         """
         assert self.sampler is not None
-        plan = self.plan_state.checked(batch_sizes, self.world_size)
-        self.training_mode.apply_plan(plan, from_step)
-        self.plan_state.plan = plan
+        self.replanner.apply_plan(batch_sizes, from_step)
 
     def restore_plan(
         self, batch_sizes: Sequence[int], weights: Sequence[float] | None = None
@@ -325,15 +387,12 @@ class HeteroEngine:
         """
         self.plan_state.restore(batch_sizes, weights)
 
-    def _replan(self, updates: list[int] | None) -> None:
-        trainer = self.lightning_module.trainer
-        self.replanner.boundary(trainer.current_epoch, trainer.global_step, updates)
-
     # ---------------------------------------------------------------- the loop
     @override
     def on_train_start(self) -> None:
         super().on_train_start()
         refuse_several_training_loaders(self.lightning_module.trainer)
+        self._context().optimizers = self.optimizers  # as Lightning holds them now
         self.training_mode.on_train_start()
 
     @override
@@ -387,6 +446,8 @@ class HeteroEngine:
         """
         if not isinstance(tensor, torch.Tensor):
             return tensor
+        if self.context is None:  # a bare strategy, never set up: DDP's reduction
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
         with self.timer.waiting():
             weigh = is_mean(reduce_op) and tensor.is_floating_point() and self.comm.distributed
             if weigh and in_training_batch(self.lightning_module):
