@@ -1,13 +1,14 @@
 """The global-batch slicing batch sampler (DESIGN section 3)."""
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
 from lightning_hetero.planning import PlanError, check_plan, proportional_split
 
-__all__ = ["EpochPermutation", "GlobalBatchSampler", "PartitionBatchSampler"]
+__all__ = ["ChunkedPermutation", "EpochPermutation", "GlobalBatchSampler", "PartitionBatchSampler"]
 
 
 class EpochPermutation(Sampler[int]):
@@ -38,6 +39,75 @@ class EpochPermutation(Sampler[int]):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+class ChunkedPermutation(EpochPermutation):
+    """One chunk-aware permutation per epoch, identical on every rank.
+
+    The indices are stored in chunks (files, shards) of ``chunk_sizes[c]`` consecutive
+    indices. Each epoch the chunk order is shuffled (unless ``shuffle_chunks=False``: a
+    stream keeps its order), consecutive chunks are taken ``window`` at a time, and the
+    samples of a window are shuffled among themselves: a window's chunks are read together
+    and never again in the epoch. ``group`` (the global batch size) then orders the
+    positions of each global batch by chunk (and by index within a chunk), so that a rank's
+    slice of it, which is contiguous, reads as few chunks as its share allows, each front to
+    back; a global batch is the same set of samples either way.
+
+    Example:
+        >>> order = ChunkedPermutation([3, 3, 2], shuffle=False)
+        >>> order.permutation()
+        [0, 1, 2, 3, 4, 5, 6, 7]
+        >>> order = ChunkedPermutation([3, 3, 2], window=1, seed=1)
+        >>> sorted(order.permutation()) == list(range(8))
+        True
+    """
+
+    def __init__(
+        self,
+        chunk_sizes: Sequence[int],
+        shuffle: bool = True,
+        seed: int = 0,
+        window: int = 1,
+        group: int | None = None,
+        shuffle_chunks: bool = True,
+    ) -> None:
+        sizes = [int(n) for n in chunk_sizes]
+        if not sizes or min(sizes) < 1:
+            raise ValueError(f"Every chunk needs >= 1 sample, got chunk sizes {sizes[:10]}.")
+        if window < 1 or (group is not None and group < 1):
+            raise ValueError(f"`window` and `group` must be >= 1, got {window} and {group}.")
+        super().__init__(sum(sizes), shuffle=shuffle, seed=seed)
+        self.chunk_sizes = sizes
+        self.window = int(window)
+        self.group = group
+        self.shuffle_chunks = shuffle_chunks
+
+    def permutation(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        sizes = torch.tensor(self.chunk_sizes)
+        starts = torch.cumsum(sizes, 0) - sizes
+        count = len(sizes)
+        chunks = torch.randperm(count, generator=generator) if self.shuffle_chunks else None
+        order = chunks if chunks is not None else torch.arange(count)
+        pieces = []
+        for first in range(0, count, self.window):
+            members = order[first : first + self.window].tolist()
+            indices = torch.cat([torch.arange(starts[c], starts[c] + sizes[c]) for c in members])
+            pieces.append(indices[torch.randperm(len(indices), generator=generator)])
+        positions = torch.cat(pieces)
+        if self.group is not None and self.group > 1:
+            rank_of_chunk = torch.empty(count, dtype=torch.long)
+            rank_of_chunk[order] = torch.arange(count)
+            chunk_of = torch.repeat_interleave(torch.arange(count), sizes)
+            block = torch.arange(self.num_samples) // self.group
+            chunk = chunk_of[positions]
+            within = positions - starts[chunk]  # read each chunk front to back
+            key = (block * count + rank_of_chunk[chunk]) * int(sizes.max()) + within
+            positions = positions[torch.argsort(key)]
+        return positions.tolist()
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
@@ -95,8 +165,11 @@ class GlobalBatchSampler(Sampler[list[int]]):
                 f" {self.global_batch_size}: lower the batch size or add data."
             )
         self.cursor = 0
+        #: The step this epoch's iteration started at (0 unless resumed inside the epoch).
+        self.first_step = 0
         self._epoch_plan = plan
         self._changes: list[tuple[int, list[int]]] = []
+        self._resume: dict[str, Any] | None = None
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -144,17 +217,47 @@ class GlobalBatchSampler(Sampler[list[int]]):
         full_steps, remainder = divmod(len(self.sampler), self.global_batch_size)
         return full_steps + (remainder > 0 and not self.drop_last)
 
+    def state_dict(self, step: int | None = None) -> dict[str, Any]:
+        """Where this epoch stands: its epoch, plans and the next ``step`` to train (default
+        :attr:`cursor`, the next step to draw)."""
+        return {
+            "epoch": getattr(self.sampler, "epoch", 0),
+            "step": self.cursor if step is None else int(step),
+            "epoch_plan": list(self._epoch_plan),
+            "changes": [[start, list(plan)] for start, plan in self._changes],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume inside an epoch: the next iteration of epoch ``state["epoch"]`` starts at
+        step ``state["step"]`` with the plans that epoch ran (any other epoch starts afresh)."""
+        plans = [state["epoch_plan"], *(plan for _, plan in state["changes"])]
+        if any(len(p) != len(self._epoch_plan) or sum(p) != self.global_batch_size for p in plans):
+            raise ValueError(
+                f"The checkpoint's training data stopped inside epoch {state['epoch']} with"
+                f" per-rank batches {state['epoch_plan']}, which {len(self._epoch_plan)} ranks"
+                f" with a global batch of {self.global_batch_size} cannot go on with; resume"
+                " from a checkpoint written at an epoch end instead."
+            )
+        self._resume = dict(state)
+
     def __iter__(self) -> Iterator[list[int]]:
-        # A new epoch starts from the latest plan; scheduled changes have been folded in.
-        self._epoch_plan = self.batch_sizes
-        self._changes = []
-        self.cursor = 0
+        resume, self._resume = self._resume, None
+        first = 0
+        if resume is not None and resume["epoch"] == getattr(self.sampler, "epoch", 0):
+            self._epoch_plan = list(resume["epoch_plan"])
+            self._changes = [(int(start), list(plan)) for start, plan in resume["changes"]]
+            first = int(resume["step"])
+        else:
+            # A new epoch starts from the latest plan; scheduled changes have been folded in.
+            self._epoch_plan = self.batch_sizes
+            self._changes = []
+        self.cursor = self.first_step = first
         positions = self.sampler.permutation()
         steps = len(self)
         if steps:  # a padded tail step wraps around to the epoch's first samples
             start, sizes = self.layout(steps - 1)
             positions += positions[: max(start + sum(sizes) - len(positions), 0)]
-        for step in range(steps):
+        for step in range(first, steps):
             start, sizes = self.layout(step)
             offset = start + sum(sizes[: self.rank])
             self.cursor = step + 1

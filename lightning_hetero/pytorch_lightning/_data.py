@@ -6,6 +6,7 @@ Each refusal names the user's object and what to do instead.
 """
 
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pytorch_lightning.utilities import CombinedLoader
@@ -20,6 +21,9 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 from torch.utils.data.distributed import DistributedSampler
+
+from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
+from lightning_hetero.streaming import ChunkedDataset
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -42,13 +46,7 @@ def check_training_loader(loader: object) -> int:
         )
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
-        raise TypeError(
-            f"HeteroStrategy cannot split the training {type(dataset).__name__}: it is an"
-            " IterableDataset, whose samples cannot be indexed, and HeteroStrategy slices one"
-            " permutation of sample indices per epoch by rank speed. Wrap the data in a"
-            " map-style Dataset (with __len__ and __getitem__), or train it with"
-            " strategy='ddp'."
-        )
+        raise TypeError(_iterable_refusal(dataset))
     if type(loader.batch_sampler) is not BatchSampler:
         raise TypeError(
             "HeteroStrategy builds each rank's batches itself and cannot use the training"
@@ -79,14 +77,84 @@ def check_training_loader(loader: object) -> int:
     )
 
 
+def _iterable_refusal(dataset: IterableDataset) -> str:
+    """Why an IterableDataset cannot be split, and the two ways out."""
+    name = type(dataset).__name__
+    indexable = callable(getattr(dataset, "get_item", None)) or (
+        type(dataset).__getitem__ is not IterableDataset.__getitem__
+    )
+    first = (
+        f" {name} also reads samples by index: wrap it in the map-style view"
+        f" `DataLoader(lightning_hetero.streaming.StreamingView({name}(...)), batch_size=...)`"
+        " and the strategy's sampler drives it, chunk-aware (docs/streaming.md)."
+        if indexable
+        else " If it can read a sample by its index, wrap it in the map-style view"
+        " `lightning_hetero.streaming.StreamingView(dataset, chunk_sizes=...)`."
+    )
+    return (
+        f"HeteroStrategy cannot split the training {name}: it is an IterableDataset, which"
+        " hands each rank an equal share itself, and HeteroStrategy slices one permutation of"
+        f" sample indices per epoch by rank speed.{first} Or opt in to stream slicing,"
+        " `lightning_hetero.streaming.StreamSlice(dataset, num_samples=...)`, where every"
+        " rank reads the whole stream and keeps its share (each rank pays the reading of all"
+        " of it). Or train it with strategy='ddp'."
+    )
+
+
+class _ResumableLoader(DataLoader):
+    """The training loader of a :class:`~lightning_hetero.streaming.ChunkedDataset`, which
+    Lightning checkpoints inside an epoch (``state_dict``) and resumes where it stopped.
+
+    Lightning's training loop fetches no batch ahead of a loader with a length, so the
+    batches yielded are the batches trained.
+    """
+
+    def __iter__(self) -> Iterator[Any]:
+        self._yielded = 0
+        for batch in super().__iter__():
+            self._yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        sampler = self.batch_sampler
+        assert isinstance(sampler, GlobalBatchSampler)
+        return sampler.state_dict(sampler.first_step + getattr(self, "_yielded", 0))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sampler = self.batch_sampler
+        assert isinstance(sampler, GlobalBatchSampler)
+        sampler.load_state_dict(state_dict)
+
+
+def epoch_order(dataset: Any, shuffle: bool, seed: int, global_batch_size: int) -> EpochPermutation:
+    """The order of ``dataset``'s samples in each epoch, the same on every rank: one
+    permutation of all indices, or, for a :class:`~lightning_hetero.streaming.ChunkedDataset`,
+    its chunk-aware permutation (each global batch of ``global_batch_size`` ordered by
+    chunk)."""
+    epochs = EpochPermutation(len(dataset), shuffle=shuffle, seed=seed)
+    if isinstance(dataset, ChunkedDataset):
+        return dataset.epoch_order(epochs, global_batch_size)
+    return epochs
+
+
 def with_batch_sampler(loader: DataLoader, batch_sampler: Sampler[Any]) -> DataLoader:
-    """A plain DataLoader like ``loader`` that draws its batches from ``batch_sampler``."""
+    """A plain DataLoader like ``loader`` that draws its batches from ``batch_sampler``.
+
+    The loader of a :class:`~lightning_hetero.streaming.ChunkedDataset` also resumes inside
+    an epoch from a checkpoint.
+    """
     if type(loader) is not DataLoader:
         rank_zero_warn(
             f"HeteroStrategy replaces the training {type(loader).__name__} by a plain"
             " DataLoader with the same dataset and options."
         )
-    return DataLoader(
+    resumable = isinstance(loader.dataset, ChunkedDataset)
+    kind = (
+        _ResumableLoader
+        if resumable and isinstance(batch_sampler, GlobalBatchSampler)
+        else DataLoader
+    )
+    return kind(
         loader.dataset,
         batch_sampler=batch_sampler,
         num_workers=loader.num_workers,
