@@ -27,8 +27,10 @@ ROOT = Path(__file__).resolve().parent
 TWIN_DIR = ROOT / "pytorch_lightning"
 COMMAND = "make generate"
 _LIGHTNING_ROOTS = {"lightning", "pytorch_lightning", "lightning_fabric"}
-# left out of the check: the benchmark (it runs its own `lightning` programs) and the twins
-_NOT_TWINNABLE = ("bench", "pytorch_lightning")
+# left out of the check: the benchmark (it runs its own `lightning` programs), the twins, and
+# the engine integrations, built on the copy their engine uses (Ray's is lightning.pytorch
+# whenever `lightning`, a dependency of this package, is installed)
+_NOT_TWINNABLE = ("bench", "pytorch_lightning", "integrations")
 # What Lightning's own build rewrites, plus the top-level `lightning` imports it implies.
 _REWRITES = (
     (re.compile(r"\blightning\.pytorch\b"), "pytorch_lightning"),

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
@@ -21,6 +22,7 @@ from typing_extensions import override
 from lightning_hetero._comm import CudaStepTimer, HostStepTimer
 from lightning_hetero._data import (
     check_training_loader,
+    epoch_order,
     refuse_several_training_loaders,
     refuse_step_counting,
     refuse_unequal_steps,
@@ -42,7 +44,6 @@ from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
 from lightning_hetero.planning.dual import DualBatchPlan
 from lightning_hetero.replan import Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
-from lightning_hetero.sampler import EpochPermutation
 
 __all__ = ["HeteroEngine", "HeteroOptions", "hetero_parts"]
 
@@ -189,6 +190,24 @@ class HeteroEngine:
             )
         return self.context
 
+    def _check_process_group(self) -> None:
+        """Refuse a process group that another launcher made with another number of ranks
+        (e.g. Ray Train's, around a strategy that Ray's ``prepare_trainer`` did not set up):
+        the plan would have a batch size for the wrong ranks."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        ranks = dist.get_world_size()
+        if ranks != self.world_size:
+            raise RuntimeError(
+                f"{type(self).__name__} counts {self.world_size} rank(s) (num_nodes x devices),"
+                f" but the process group that was already set up has {ranks}: another launcher"
+                " made it. Under Ray Train use"
+                " `lightning_hetero.integrations.ray.RayHeteroStrategy` (or"
+                " `RayHeteroFSDPStrategy`) with `lightning_hetero.integrations.ray."
+                "prepare_trainer`; elsewhere set the Trainer's `num_nodes` and `devices` to"
+                " match the job."
+            )
+
     def _make_context(self) -> RunContext:
         """This rank's run, once the process group is up (see :class:`RunContext`)."""
         device = self.root_device if self.parallel_devices else torch.device("cpu")  # bare
@@ -234,6 +253,7 @@ class HeteroEngine:
     def setup_environment(self) -> None:
         super().setup_environment()
         destroy_at_exit()
+        self._check_process_group()
         self.context = self._make_context()
         self.replanner.bind(self.context)  # and the mode, which re-plans through it
         self._note_batch_norm()
@@ -305,7 +325,7 @@ class HeteroEngine:
                 state.rescale_pending = False
                 state.plan = self.training_mode.rescaled_plan() or state.rescaled(self.world_size)
             plan = state.plan
-        epochs = EpochPermutation(len(dataloader.dataset), shuffle=self.shuffle, seed=seed)
+        epochs = epoch_order(dataloader.dataset, self.shuffle, seed, sum(plan))
         # every batch, the last of an epoch or mega-batch too, has at least the lower bound
         sampler = self.training_mode.batch_sampler(
             epochs, plan, dataloader.drop_last, state.lower()

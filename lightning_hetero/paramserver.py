@@ -10,9 +10,10 @@ threads, so the server keeps serving while rank 0's training loop is busy.
 
 import copy
 import math
+import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -23,9 +24,21 @@ import torch.distributed.rpc as rpc
 from torch.optim import Optimizer
 
 from lightning_hetero._optim import optimizer_params, scaled_lr
-from lightning_hetero.collectives import is_timeout
+from lightning_hetero.collectives import add_note, is_timeout
 
-__all__ = ["ParameterServer", "PushResult", "ServerClient", "free_port", "worker_name"]
+__all__ = [
+    "RPC_PORT_ENV",
+    "ParameterServer",
+    "PushResult",
+    "ServerClient",
+    "free_port",
+    "rpc_port",
+    "worker_name",
+]
+
+#: The environment variable that sets the TCP port of the parameter server's RPC rendezvous
+#: (on rank 0, at the job's main address); default: the job's main port + 1.
+RPC_PORT_ENV = "HETERO_RPC_PORT"
 
 
 @dataclass
@@ -227,6 +240,38 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def rpc_port(main_port: int, environ: Mapping[str, str] | None = None) -> int:
+    """The port of the parameter server's RPC rendezvous: ``HETERO_RPC_PORT`` if set, else
+    ``main_port + 1`` (the job's ``MASTER_PORT`` + 1), never a random one, so that a firewall
+    can let exactly the job's ports through.
+
+    Examples:
+        >>> rpc_port(29500, environ={})
+        29501
+        >>> rpc_port(29500, environ={"HETERO_RPC_PORT": "40123"})
+        40123
+    """
+    value = (os.environ if environ is None else environ).get(RPC_PORT_ENV, "").strip()
+    if not value:
+        port = main_port + 1
+        if not 0 < port < 65536:
+            raise ValueError(
+                f"The job's main port is {main_port}, so the parameter server's default RPC port"
+                f" {port} is no TCP port; set {RPC_PORT_ENV} to a free port on the main node."
+            )
+        return port
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise ValueError(
+            f"{RPC_PORT_ENV}={value!r} is no TCP port: set it to a free port from 1 to 65535 on"
+            " the main node (MASTER_ADDR), or unset it to use MASTER_PORT + 1."
+        )
+    return port
+
+
 class ServerClient:
     """How a worker talks to the server: directly on rank 0, over RPC elsewhere.
 
@@ -241,17 +286,29 @@ class ServerClient:
         self.timeout = timeout
 
     @staticmethod
-    def init_rpc(rank: int, world_size: int, host: str, timeout: float) -> None:
-        """Join the RPC group on a port rank 0 picks and broadcasts over the process group."""
-        port = [free_port(host) if rank == 0 else None]
+    def init_rpc(rank: int, world_size: int, host: str, timeout: float, main_port: int) -> None:
+        """Join the RPC group, whose rendezvous rank 0 serves at ``host`` (the job's main
+        address) on :func:`rpc_port` of ``main_port``, as rank 0 reads it (broadcast over the
+        process group, so only rank 0's ``HETERO_RPC_PORT`` counts)."""
+        port = [rpc_port(main_port) if rank == 0 else None]
         dist.broadcast_object_list(port, src=0)
         options = rpc.TensorPipeRpcBackendOptions(
             init_method=f"tcp://{host}:{port[0]}", rpc_timeout=timeout
         )
         global _RPC_UP
-        rpc.init_rpc(
-            worker_name(rank), rank=rank, world_size=world_size, rpc_backend_options=options
-        )
+        try:
+            rpc.init_rpc(
+                worker_name(rank), rank=rank, world_size=world_size, rpc_backend_options=options
+            )
+        except RuntimeError as err:
+            add_note(
+                err,
+                f"hetero: rank {rank}: the parameter server's RPC rendezvous at {host}:{port[0]}"
+                f" failed. Rank 0 listens there (MASTER_ADDR, port {RPC_PORT_ENV} or"
+                " MASTER_PORT + 1): make sure that port is free on the main node and open"
+                f" between the job's nodes, or set {RPC_PORT_ENV} to one that is.",
+            )
+            raise
         _RPC_UP = True
 
     @staticmethod

@@ -3,6 +3,8 @@ and the probes, and what it keeps for the user (one process, a real Trainer)."""
 
 import dataclasses
 import inspect
+import subprocess
+import sys
 import typing
 
 import lightning.pytorch as pl
@@ -14,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
 from lightning_hetero._comm import HostStepTimer
+from lightning_hetero.bench.run import child_env
 from lightning_hetero.context import RunContext
 from lightning_hetero.engine import HeteroOptions, hetero_parts
 from lightning_hetero.modes import ModeOptions
@@ -166,3 +169,29 @@ def test_each_strategy_takes_the_shared_options_with_their_defaults_and_types(st
     strategy = strategy_class(smoothing=0.25, shuffle=False, deadband=0.1)
     assert (strategy.smoothing, strategy.shuffle, strategy.deadband) == (0.25, False, 0.1)
     assert strategy.replanner.smoothing == 0.25
+
+
+def test_a_process_group_of_another_size_made_by_another_launcher_is_refused():
+    # as under Ray Train without its prepare_trainer: the group exists before Lightning's
+    # set-up, with another number of ranks than the strategy counts
+    code = """
+import torch, torch.distributed as dist
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning_hetero import HeteroStrategy
+
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)
+devices = [torch.device("cpu")] * 2
+strategy = HeteroStrategy(CPUAccelerator(), devices, LightningEnvironment())
+try:
+    strategy.setup_environment()
+except RuntimeError as err:
+    print("refused:", err)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "refused: HeteroStrategy counts 2 rank(s)" in proc.stdout, proc.stdout
+    assert "has 1: another launcher made it" in proc.stdout
+    assert "RayHeteroStrategy" in proc.stdout

@@ -56,6 +56,7 @@ class ParameterServerMode(Mode):
             ctx.world_size,
             ctx.main_address,
             self.options.rpc_timeout,
+            ctx.main_port,
         )
         self.client = ServerClient(ctx.rank, self.options.rpc_timeout)
 
