@@ -71,6 +71,21 @@ class HeteroCallback(Callback):
     same host and local rank (see
     :func:`~lightning_hetero.planning.faults.weights_for_new_world`).
 
+    Every record's metrics also go into ``trainer.callback_metrics`` (on every rank, the
+    boundaries not logged included), so Lightning's ``ModelCheckpoint(monitor=...)`` and
+    ``EarlyStopping(monitor=...)`` can watch any of them, e.g. ``monitor="hetero/balance",
+    mode="max"``. From the first epoch on: the epoch boundary runs in this callback's
+    ``on_train_epoch_end``, and Lightning calls the monitoring callbacks' hooks after every
+    other callback's (whatever the order of ``Trainer(callbacks=...)``), so where they check
+    at the training epoch end, their default with validation once per epoch or none, they
+    read that epoch's values. Where they check at validation end instead
+    (``val_check_interval < 1``, ``check_val_every_n_epoch > 1``,
+    ``ModelCheckpoint(save_on_train_epoch_end=False)``,
+    ``EarlyStopping(check_on_train_epoch_end=False)``), they read the last boundary's values,
+    the previous epoch's, and before the first boundary none: a validation then makes
+    ModelCheckpoint and a strict EarlyStopping raise (the monitored key is missing). An
+    ``adjust_every`` below the batches before the first validation puts a boundary first.
+
     A rank held at ``min_batch_size`` although its speed asks for less slows every step;
     the first boundary that finds one warns once (per rank) and suggests removing it
     (paper 001). ``history`` entries list such ranks under ``held_at_minimum``.

@@ -121,6 +121,9 @@ def test_the_installed_lightning_is_a_supported_version(package: str) -> None:
 
 
 _OPS = {">=": "ge", "<": "lt", "<=": "le", ">": "gt"}
+#: attributes that only newer Lightning releases have, with the release from which on they
+#: must be there; the helper that uses each does without it before (its docstring says how)
+_SINCE = {"_broadcast_sigterm_tensor": "2.6"}  # check_own_sigterm_only; 2.5.0 lacks it
 
 
 def test_every_private_attribute_we_use_still_exists(tmp_path: Path) -> None:
@@ -132,6 +135,9 @@ def test_every_private_attribute_we_use_still_exists(tmp_path: Path) -> None:
         owner = trainer
         for part in filter(None, where.split(".")):
             owner = getattr(owner, part)
+        since = _SINCE.get(attribute)
+        if since is not None and compare_version("lightning", __import__("operator").lt, since):
+            continue
         assert hasattr(owner, attribute), (
             f"Lightning {pl.__version__} has no {type(owner).__name__}.{attribute}, which"
             " lightning_hetero/_lightning.py relies on: adapt the helper that uses it."

@@ -117,13 +117,14 @@ def in_training_batch(module: "pl.LightningModule | None") -> bool:
 def check_own_sigterm_only(trainer: "pl.Trainer") -> None:
     """Stop Lightning from broadcasting rank 0's SIGTERM flag before every training step.
 
-    Lightning >= 2.6 runs that broadcast (``_TrainingEpochLoop._broadcast_sigterm_tensor``), a
-    collective that ties every rank to rank 0's pace and deadlocks ranks that make different
-    numbers of steps. Each rank checks its own flag instead.
+    Lightning 2.5.6 and later run that broadcast
+    (``_TrainingEpochLoop._broadcast_sigterm_tensor``), a collective that ties every rank to
+    rank 0's pace and deadlocks ranks that make different numbers of steps. Each rank checks
+    its own flag instead.
     """
     loop = trainer.fit_loop.epoch_loop
     if not hasattr(loop, "_broadcast_sigterm_tensor"):
-        return  # Lightning < 2.6 has no such broadcast
+        return  # earlier releases (2.5.0 among them) have no such broadcast
 
     def check_own_sigterm() -> None:
         if getattr(trainer, "received_sigterm", False):
