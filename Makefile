@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml constraints.txt
 	# litdata (the streaming tests) declares torchvision, whose wheels break the CPU torch
 	# pinned here (`operator torchvision::nms does not exist`) and which it imports only to
 	# decode images and video: install it without its dependencies, then the others it needs
-	$(PY) -m pip install --quiet -c constraints.txt --no-deps litdata
-	$(PY) -m pip install --quiet -c constraints.txt lightning-utilities filelock numpy \
-		boto3 requests 'urllib3>=1.26' tifffile obstore
+	# (pip's conflict check would report the torchvision left out on purpose)
+	$(PY) -m pip install --quiet --no-warn-conflicts -c constraints.txt --no-deps litdata
+	$(PY) -m pip install --quiet --no-warn-conflicts -c constraints.txt lightning-utilities \
+		filelock numpy boto3 requests 'urllib3>=1.26' tifffile obstore
 	touch $(STAMP)
 
 install: $(STAMP)
