@@ -210,7 +210,8 @@ class HeteroEngine:
 
     def _make_context(self) -> RunContext:
         """This rank's run, once the process group is up (see :class:`RunContext`)."""
-        device = self.root_device if self.parallel_devices else torch.device("cpu")  # bare
+        comm = self._bare_comm()
+        device = comm.device
         environment = self.cluster_environment
         module = self.lightning_module
         trainer = None if module is None else module.trainer
@@ -223,7 +224,7 @@ class HeteroEngine:
             world_size=self.world_size,
             local_rank=self.local_rank,
             device=device,
-            comm=Collectives(self.global_rank, self.world_size, device, self._timeout),
+            comm=comm,
             timer=CudaStepTimer() if device.type == "cuda" else HostStepTimer(),
             plan_state=self.plan_state,
             main_address=environment.main_address if environment else "127.0.0.1",
@@ -244,9 +245,15 @@ class HeteroEngine:
     @contextmanager
     def guarded(self, operation: str) -> Iterator[None]:
         """Run a collective; if it fails, the error names the operation, this rank and, for a
-        timeout, the ``timeout`` option."""
-        with self.comm.guarded(operation):
+        timeout, the ``timeout`` option (also before set-up: it communicates nothing)."""
+        comm = self.context.comm if self.context is not None else self._bare_comm()
+        with comm.guarded(operation):
             yield
+
+    def _bare_comm(self) -> Collectives:
+        """A new collectives object for this rank (it communicates only when used)."""
+        device = self.root_device if self.parallel_devices else torch.device("cpu")  # bare
+        return Collectives(self.global_rank, self.world_size, device, self._timeout)
 
     # ---------------------------------------------------------------- set-up
     @override
