@@ -176,12 +176,12 @@ class Replanner:
     # ---------------------------------------------------------------- the run
     def start(self) -> None:
         """A fit starts: fresh smoothing and meter, every rank's host and local rank."""
-        host = self.ctx
+        ctx = self.ctx
         self._smoother = TimingSmoother(self.smoothing)
-        self._meter = ResourceMeter(host.device)
+        self._meter = ResourceMeter(ctx.device)
         self._epoch_batches = 0  # a resume inside an epoch gets no `epoch_started`
-        with host.comm.guarded("the gather of host names"):
-            rows = host.comm.gather_objects((socket.gethostname(), host.local_rank))
+        with ctx.comm.guarded("the gather of host names"):
+            rows = ctx.comm.gather_objects((socket.gethostname(), ctx.local_rank))
         self._identities = [RankIdentity(str(name), int(local)) for name, local in rows]
 
     def _collect(self, synchronize: bool = False) -> None:
@@ -242,15 +242,15 @@ class Replanner:
         make different numbers of updates (local mode); the controller's ``RankStats`` get
         them. Must be called on every rank together.
         """
-        host, state = self.ctx, self.ctx.plan_state
+        ctx, state = self.ctx, self.ctx.plan_state
         if self.training_mode.sampler is None or state.limits is None:
             return
         started = time.perf_counter()
         report = self.report()
         extra = self.training_mode.boundary_stats()  # before the gather (see the mode)
-        with host.comm.guarded("the boundary's all-gather"):
+        with ctx.comm.guarded("the boundary's all-gather"):
             gather_started = time.perf_counter()
-            rows = host.comm.gather_rows(report.row())
+            rows = ctx.comm.gather_rows(report.row())
             gather_s = time.perf_counter() - gather_started  # waiting for the last rank too
         got = RankReport.columns(rows)
         self._check_same_plan(got["plan_check"])
@@ -299,9 +299,9 @@ class Replanner:
             if self.controller.replicable:  # every rank decides: no broadcast
                 new_plan = self._checked(self._decide(plan, compute_s, stats))
             else:
-                decided = self._decide(plan, compute_s, stats) if host.rank == 0 else plan
-                with host.comm.guarded("the plan broadcast"):
-                    decided = host.comm.broadcast_ints(decided)
+                decided = self._decide(plan, compute_s, stats) if ctx.rank == 0 else plan
+                with ctx.comm.guarded("the plan broadcast"):
+                    decided = ctx.comm.broadcast_ints(decided)
                 new_plan = self._checked(decided)  # not in the guard: the broadcast worked
             if back is not None:
                 new_plan, entry["reverted"] = back, True
@@ -383,13 +383,13 @@ class Replanner:
 
     def _check_minimum(self) -> list[int]:
         """Ranks the new plan holds at their minimum though slower; warns once per rank."""
-        host = self.ctx
-        limits = host.plan_state.limits
+        ctx = self.ctx
+        limits = ctx.plan_state.limits
         assert limits is not None
         if self.training_mode.fixed_plan:
             return []  # e.g. the dual plan fixes every rank's batch on purpose
         lower = limits.min_batch_size
-        held = held_at_minimum(host.plan_state.batch_sizes, self._samples_per_s, lower)
+        held = held_at_minimum(ctx.plan_state.batch_sizes, self._samples_per_s, lower)
         for rank in held:
             if rank in self._warned_minimum:
                 continue
@@ -397,7 +397,7 @@ class Replanner:
             total = limits.global_batch_size
             speed, all_speed = self._samples_per_s[rank], sum(self._samples_per_s)
             origin = ""
-            if host.plan_state.min_batch_size is None:  # not the user's: say where it is from
+            if ctx.plan_state.min_batch_size is None:  # not the user's: say where it is from
                 origin = (
                     " (the default for a model with BatchNorm layers)"
                     if lower[rank] == 2
@@ -416,13 +416,13 @@ class Replanner:
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The plan, the controller, the history, counters and each rank's last reading."""
-        host = self.ctx
-        plan = host.plan_state.batch_sizes
+        ctx = self.ctx
+        plan = ctx.plan_state.batch_sizes
         if not plan:
             return {}
         return {
             "batch_sizes": plan,
-            "world_size": host.world_size,
+            "world_size": ctx.world_size,
             "controller_class": type(self.controller).__name__,
             "controller": self.controller.state_dict(),
             "guard": None if self.guard is None else self.guard.state_dict(),
@@ -439,7 +439,7 @@ class Replanner:
                 for identity, batch_size, speed in zip(
                     self._identities,
                     self._measured_batch_sizes or plan,
-                    self._samples_per_s or [math.nan] * host.world_size,
+                    self._samples_per_s or [math.nan] * ctx.world_size,
                 )
             ],
         }
@@ -451,9 +451,9 @@ class Replanner:
         the plan anew in proportion to the saved throughputs of the ranks that come back on
         the same host and local rank.
         """
-        host = self.ctx
-        if state["world_size"] == host.world_size:
-            host.plan_state.restore(state["batch_sizes"])
+        ctx = self.ctx
+        if state["world_size"] == ctx.world_size:
+            ctx.plan_state.restore(state["batch_sizes"])
             self._keep_saved_throughputs(state["ranks"])
             if state["controller_class"] == type(self.controller).__name__:
                 self.controller.load_state_dict(state["controller"])
