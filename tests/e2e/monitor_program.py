@@ -72,7 +72,6 @@ if __name__ == "__main__":
         callbacks=[early_stopping, checkpoint],
         logger=False,
         default_root_dir=out.parent,
-        enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
