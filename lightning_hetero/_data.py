@@ -21,7 +21,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
-from lightning_hetero.streaming import ChunkedDataset
+from lightning_hetero.streaming import ChunkedDataset, reads_by_index
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -78,9 +78,7 @@ def check_training_loader(loader: object) -> int:
 def _iterable_refusal(dataset: IterableDataset) -> str:
     """Why an IterableDataset cannot be split, and the two ways out."""
     name = type(dataset).__name__
-    indexable = callable(getattr(dataset, "get_item", None)) or (
-        type(dataset).__getitem__ is not IterableDataset.__getitem__
-    )
+    indexable = reads_by_index(dataset)
     first = (
         f" {name} also reads samples by index: wrap it in the map-style view"
         f" `DataLoader(lightning_hetero.streaming.StreamingView({name}(...)), batch_size=...)`"

@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from lightning_hetero.sampler import ChunkedPermutation, EpochPermutation
 
-__all__ = ["ChunkedDataset", "StreamSlice", "StreamingView", "chunk_sizes_of"]
+__all__ = ["ChunkedDataset", "StreamSlice", "StreamingView", "chunk_sizes_of", "reads_by_index"]
 
 
 def chunk_sizes_of(dataset: object) -> list[int] | None:
@@ -49,12 +49,19 @@ def chunk_sizes_of(dataset: object) -> list[int] | None:
     return None
 
 
+def reads_by_index(dataset: object) -> bool:
+    """Whether ``dataset`` reads a sample by its index: MosaicML's ``get_item``, or a
+    ``__getitem__`` of its own (an ``IterableDataset`` inherits one that only raises)."""
+    getitem = getattr(type(dataset), "__getitem__", Dataset.__getitem__)
+    return callable(getattr(dataset, "get_item", None)) or getitem is not Dataset.__getitem__
+
+
 def _reader_of(dataset: object) -> Callable[[int], Any]:
     """How to read sample ``i`` of ``dataset``: MosaicML's ``get_item``, else indexing."""
     get_item = getattr(dataset, "get_item", None)
     if callable(get_item):
         return get_item
-    if type(dataset).__getitem__ is Dataset.__getitem__:
+    if not reads_by_index(dataset):
         raise TypeError(
             f"{type(dataset).__name__} reads no sample by its index (no `__getitem__` or"
             " `get_item`), so StreamingView cannot drive it; wrap it in"
