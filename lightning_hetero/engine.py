@@ -290,7 +290,7 @@ class HeteroEngine:
         # `configure_optimizers` that reads `trainer.estimated_stepping_batches` makes Lightning
         # load the training data in here, before the optimizers exist.
         self._optimizers_ready = False
-        super().setup(trainer)
+        self._lightning_setup(trainer)
         self._optimizers_ready = True
         self._context().optimizers = self.optimizers
         if not fitting:
@@ -304,6 +304,11 @@ class HeteroEngine:
             refuse_step_counting(trainer, self.training_mode.option_text())
         if not self.training_mode.steps_together:
             check_own_sigterm_only(trainer)  # a per-step broadcast would tie the ranks again
+
+    def _lightning_setup(self, trainer: "pl.Trainer") -> None:
+        """The Lightning strategy's own ``setup`` (a strategy replaces it where Lightning's
+        would refuse what the strategy supports: ``HeteroFSDPStrategy``)."""
+        super().setup(trainer)
 
     def _note_batch_norm(self) -> None:
         # a batch of one has no variance: BatchNorm refuses to train on it

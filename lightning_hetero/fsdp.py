@@ -11,7 +11,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from lightning_hetero._lightning import materialize_module, optimizers_to_device
+from lightning_hetero._lightning import model_parallel_setup
 from lightning_hetero._namespaces import SameCopy
 from lightning_hetero.engine import HeteroEngine, HeteroOptions, hetero_parts
 from lightning_hetero.modes import ModeOptions, ShardedMode
@@ -26,108 +26,7 @@ _DDP_ONLY = ("weighted", "lr_scaling", "rpc_timeout", "megabatch_size", "delta")
 _DDP_ONLY += ("perturb_threshold", "gamma", "ddp_comm_hook", "find_unused_parameters")
 
 
-class _ShardedParallel(ModelParallelStrategy):
-    """``ModelParallelStrategy`` that shards the model itself when ``configure_model`` did not
-    (the hetero engine sits above it in the MRO and wraps its set-up)."""
-
-    training_mode: Any
-    shard_modules: list[str] | None
-
-    @override
-    def setup_environment(self) -> None:
-        if self._data_parallel_size == "auto":  # ModelParallelStrategy's "auto" is per node
-            self._data_parallel_size = self.num_nodes * self.num_processes
-        super().setup_environment()
-
-    @override
-    def setup(self, trainer: "pl.Trainer") -> None:
-        # ModelParallelStrategy.setup without its demand for a `configure_model`: the model
-        # is sharded here unless the user's `configure_model` did it
-        assert self.model is not None and self.accelerator is not None
-        self.accelerator.setup(trainer)
-        fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting and self._layer_sync is not None:
-            # `Trainer(sync_batchnorm=True)`, which ModelParallelStrategy leaves unapplied:
-            # statistics over the union batch, whatever each rank's share (GPU only)
-            self.model = self._layer_sync.apply(self.model)
-        self.model = self.training_mode.setup_model(self.model, self._shard)
-        materialize_module(self.model, self.root_device)
-        self.model = self.precision_plugin.convert_module(self.model)
-        self.model_to_device()
-        self.barrier()
-        if fitting:
-            self.setup_optimizers(trainer)
-        self.setup_precision_plugin()
-        if fitting:
-            optimizers_to_device(self.optimizers, self.root_device)
-            self.training_mode.register_hooks(self.model)
-
-    # Each step method runs inside the sharded root's forward (``ShardedMode.redirect``), so
-    # FSDP's hooks gather the root's parameters whatever the step calls: Lightning's own
-    # redirection runs only when the wrapped model is another object than the module.
-    @override
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self.precision_plugin.train_step_context():
-            return self.training_mode.redirect(self.model, "training_step", *args, **kwargs)
-
-    @override
-    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self.precision_plugin.val_step_context():
-            return self.training_mode.redirect(self.model, "validation_step", *args, **kwargs)
-
-    @override
-    def test_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self.precision_plugin.test_step_context():
-            return self.training_mode.redirect(self.model, "test_step", *args, **kwargs)
-
-    @override
-    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self.precision_plugin.predict_step_context():
-            return self.training_mode.redirect(self.model, "predict_step", *args, **kwargs)
-
-    def _shard(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Apply ``fully_shard`` as ``shard_modules`` says, unless the model is sharded."""
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel, fully_shard
-        from torch.distributed.tensor import DTensor
-
-        if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
-            raise TypeError(
-                f"{type(module).__name__} holds modules wrapped in FSDP1's"
-                " FullyShardedDataParallel; HeteroFSDPStrategy shards with FSDP2: apply"
-                " `torch.distributed.fsdp.fully_shard` in `configure_model` instead, or let"
-                " HeteroFSDPStrategy shard the model (leave it unwrapped)."
-            )
-        if any(isinstance(m, torch.nn.parallel.DistributedDataParallel) for m in module.modules()):
-            raise TypeError(
-                f"{type(module).__name__} holds a DistributedDataParallel module;"
-                " HeteroFSDPStrategy shards the model itself: leave it unwrapped."
-            )
-        if any(isinstance(m, FSDPModule) for m in module.modules()):
-            return module  # the user's `configure_model` sharded it: keep that
-        if any(isinstance(p, DTensor) for p in module.parameters()):
-            raise TypeError(
-                f"{type(module).__name__} has distributed (DTensor) parameters from another"
-                " parallelism (e.g. tensor parallelism), which HeteroFSDPStrategy does not"
-                " support: leave the model unparallelized."
-            )
-        mesh = self.device_mesh["data_parallel"]
-        names = set(self.shard_modules or ())
-        found = set()
-        for child in list(module.modules())[1:]:
-            name = type(child).__name__  # before sharding: it renames the class
-            if name in names:
-                fully_shard(child, mesh=mesh)
-                found.add(name)
-        if names - found:
-            raise ValueError(
-                f"`shard_modules` names {sorted(names - found)}, which {type(module).__name__}"
-                " does not contain."
-            )
-        fully_shard(module, mesh=mesh)
-        return module
-
-
-class HeteroFSDPStrategy(SameCopy, HeteroEngine, _ShardedParallel):
+class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     """Fully sharded data parallelism (FSDP2) where each rank's batch size follows its speed.
 
     Parameters, gradients and optimizer state are sharded over the ranks with
@@ -220,6 +119,93 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, _ShardedParallel):
         )
         self.mode, self.shard_modules = mode, shard_modules
         self._start_hetero(training_mode, plan_state, shared)
+
+    @override
+    def setup_environment(self) -> None:
+        if self._data_parallel_size == "auto":  # ModelParallelStrategy's "auto" is per node
+            self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    @override
+    def _lightning_setup(self, trainer: "pl.Trainer") -> None:
+        # Lightning's sequence, with the model sharded here unless the user's `configure_model`
+        # did it (ModelParallelStrategy.setup demands a `configure_model`)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+
+        def parallelize(model: torch.nn.Module) -> torch.nn.Module:
+            if fitting and self._layer_sync is not None:
+                # `Trainer(sync_batchnorm=True)`, which ModelParallelStrategy leaves unapplied:
+                # statistics over the union batch, whatever each rank's share (GPU only)
+                model = self._layer_sync.apply(model)
+            return self.training_mode.setup_model(model, self._shard)
+
+        model_parallel_setup(self, trainer, parallelize)
+        if fitting:
+            self.training_mode.register_hooks(self.model)
+
+    # Each step method runs inside the sharded root's forward (``ShardedMode.redirect``), so
+    # FSDP's hooks gather the root's parameters whatever the step calls: Lightning's own
+    # redirection runs only when the wrapped model is another object than the module.
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.train_step_context():
+            return self.training_mode.redirect(self.model, "training_step", *args, **kwargs)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.val_step_context():
+            return self.training_mode.redirect(self.model, "validation_step", *args, **kwargs)
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.test_step_context():
+            return self.training_mode.redirect(self.model, "test_step", *args, **kwargs)
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision_plugin.predict_step_context():
+            return self.training_mode.redirect(self.model, "predict_step", *args, **kwargs)
+
+    def _shard(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Apply ``fully_shard`` as ``shard_modules`` says, unless the model is sharded."""
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel, fully_shard
+        from torch.distributed.tensor import DTensor
+
+        if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+            raise TypeError(
+                f"{type(module).__name__} holds modules wrapped in FSDP1's"
+                " FullyShardedDataParallel; HeteroFSDPStrategy shards with FSDP2: apply"
+                " `torch.distributed.fsdp.fully_shard` in `configure_model` instead, or let"
+                " HeteroFSDPStrategy shard the model (leave it unwrapped)."
+            )
+        if any(isinstance(m, torch.nn.parallel.DistributedDataParallel) for m in module.modules()):
+            raise TypeError(
+                f"{type(module).__name__} holds a DistributedDataParallel module;"
+                " HeteroFSDPStrategy shards the model itself: leave it unwrapped."
+            )
+        if any(isinstance(m, FSDPModule) for m in module.modules()):
+            return module  # the user's `configure_model` sharded it: keep that
+        if any(isinstance(p, DTensor) for p in module.parameters()):
+            raise TypeError(
+                f"{type(module).__name__} has distributed (DTensor) parameters from another"
+                " parallelism (e.g. tensor parallelism), which HeteroFSDPStrategy does not"
+                " support: leave the model unparallelized."
+            )
+        mesh = self.device_mesh["data_parallel"]
+        names = set(self.shard_modules or ())
+        found = set()
+        for child in list(module.modules())[1:]:
+            name = type(child).__name__  # before sharding: it renames the class
+            if name in names:
+                fully_shard(child, mesh=mesh)
+                found.add(name)
+        if names - found:
+            raise ValueError(
+                f"`shard_modules` names {sorted(names - found)}, which {type(module).__name__}"
+                " does not contain."
+            )
+        fully_shard(module, mesh=mesh)
+        return module
 
     @classmethod
     @override

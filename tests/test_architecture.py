@@ -3,7 +3,9 @@ attributes in one module."""
 
 import ast
 import importlib
+import inspect
 import re
+import textwrap
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -13,7 +15,9 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning_utilities.core.imports import compare_version
 
 import lightning_hetero
-from lightning_hetero import _lightning
+from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy, _lightning
+from lightning_hetero._namespaces import SameCopy
+from lightning_hetero.engine import HeteroEngine
 from lightning_hetero.modes import MODES, VARIANTS
 
 ROOT = Path(lightning_hetero.__file__).resolve().parent
@@ -175,3 +179,42 @@ def test_lightning_private_attributes_are_used_in_one_module() -> None:
         if used:
             users[name] = sorted(used)
     assert not users, f"Lightning internals used outside lightning_hetero/_lightning.py: {users}"
+
+
+def _statements(function: object, rename_self: bool = False) -> list[str]:
+    """The statements of ``function``'s body as source (no comments; ``self`` read as
+    ``strategy`` with ``rename_self``)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))  # type: ignore[arg-type]
+    if rename_self:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id == "self":
+                node.id = "strategy"
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    return [ast.unparse(statement) for statement in body]
+
+
+def test_model_parallel_setup_is_lightnings_sequence_but_for_its_refusals() -> None:
+    # `_lightning.model_parallel_setup` copies ModelParallelStrategy.setup, with `parallelize`
+    # where Lightning demands a `configure_model` and refuses FSDP1: when Lightning changes a
+    # step there, this fails, so that ours gets the change too
+    theirs = _statements(ModelParallelStrategy.setup, rename_self=True)
+    refusals = [s for s in theirs if s.startswith("if ") and "raise TypeError" in s]
+    assert len(refusals) == 2, refusals  # is_overridden("configure_model"), FSDP1 modules
+    imports = [s for s in theirs if s.startswith("from ")]
+    expected = [s for s in theirs if s not in refusals and s not in imports]
+    ours = _statements(_lightning.model_parallel_setup)
+    assert ours[0].startswith(("'", '"'))  # the docstring
+    parallelize = "strategy.model = parallelize(strategy.model)"
+    assert parallelize in ours
+    assert [s for s in ours[1:] if s != parallelize] == expected
+    assert ours.index(parallelize) == theirs.index(refusals[0]) - len(imports) + 1
+
+
+def test_both_strategies_have_the_same_shape_a_lightning_strategy_under_our_two_mixins() -> None:
+    def own(cls: type) -> list[type]:
+        return [klass for klass in cls.__mro__ if klass.__module__.startswith(PACKAGE)]
+
+    assert own(HeteroFSDPStrategy) == [HeteroFSDPStrategy, SameCopy, HeteroEngine]
+    assert own(HeteroStrategy) == [HeteroStrategy, SameCopy, HeteroEngine]
+    assert HeteroFSDPStrategy.__bases__[-1] is ModelParallelStrategy
+    assert HeteroStrategy.__bases__[-1] is DDPStrategy

@@ -1,9 +1,5 @@
 """HeteroFSDPStrategy's construction: registered, typed, and bad input refused at once."""
 
-import ast
-import inspect
-import textwrap
-
 import pytest
 import torch
 from lightning.pytorch.strategies import StrategyRegistry
@@ -106,33 +102,3 @@ def test_sync_batchnorm_is_applied_before_sharding_not_dropped(tmp_path):
 
 class _SetUp(Exception):
     pass
-
-
-def _calls(function) -> list[str]:
-    """The names of the methods and functions ``function`` calls."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            target = node.func
-            names.append(
-                target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-            )
-    return names
-
-
-def test_the_set_up_keeps_every_step_of_lightnings_model_parallel_set_up():
-    # `_ShardedParallel.setup` is ModelParallelStrategy.setup without its demand for a
-    # `configure_model` (the model is sharded here when the user did not); when Lightning
-    # adds a step there, this fails, so that the set-up here gets it too
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    from lightning_hetero.fsdp import _ShardedParallel
-
-    ours = _calls(_ShardedParallel.setup)
-    skipped = {"is_overridden", "TypeError", "any", "isinstance", "modules", "type"}
-    renamed = {"_materialize_distributed_module": "materialize_module"}
-    renamed["_optimizers_to_device"] = "optimizers_to_device"
-    theirs = [renamed.get(name, name) for name in _calls(ModelParallelStrategy.setup)]
-    missing = [name for name in theirs if name not in skipped and name not in ours]
-    assert missing == [], f"ModelParallelStrategy.setup calls {missing}, which ours does not"

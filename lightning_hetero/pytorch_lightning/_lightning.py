@@ -4,18 +4,23 @@
 
 Each helper says which Lightning behaviour it relies on (checked against the versions in
 :data:`SUPPORTED`); :data:`PRIVATE_ATTRIBUTES` lists what they touch, and a test fails loudly
-when a Lightning release drops one of them. A Lightning upgrade touches this file only.
+when a Lightning release drops one of them. The one copy of a Lightning method's sequence,
+:func:`model_parallel_setup`, is compared with Lightning's source by a test too. A Lightning
+upgrade touches this file only.
 """
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lightning_fabric.utilities.init import _materialize_distributed_module
 from lightning_fabric.utilities.optimizer import _optimizers_to_device
+from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
     import torch
+    from pytorch_lightning.strategies import ModelParallelStrategy
 
 __all__ = [
     "PRIVATE_ATTRIBUTES",
@@ -25,8 +30,7 @@ __all__ = [
     "check_own_sigterm_only",
     "in_training_batch",
     "logging_step",
-    "materialize_module",
-    "optimizers_to_device",
+    "model_parallel_setup",
     "request_train_reload",
     "settle_logged_metrics",
 ]
@@ -133,12 +137,29 @@ def check_own_sigterm_only(trainer: "pl.Trainer") -> None:
     loop._broadcast_sigterm_tensor = check_own_sigterm
 
 
-def materialize_module(module: "torch.nn.Module", device: "torch.device") -> None:
-    """Materialize parameters created on the meta device (``tensor_init_context``), as
-    ``ModelParallelStrategy.setup`` does (Lightning's ``_materialize_distributed_module``)."""
-    _materialize_distributed_module(module, device)
+def model_parallel_setup(
+    strategy: "ModelParallelStrategy",
+    trainer: "pl.Trainer",
+    parallelize: Callable[["torch.nn.Module"], "torch.nn.Module"],
+) -> None:
+    """``ModelParallelStrategy.setup``, with ``parallelize(model)`` where it demands a
+    ``configure_model`` (and refuses FSDP1 modules): sharding a model whose LightningModule
+    has none is what ``HeteroFSDPStrategy`` adds, and ``parallelize`` makes the refusals.
 
-
-def optimizers_to_device(optimizers: list, device: "torch.device") -> None:
-    """Move every optimizer's state to ``device`` (Lightning's ``_optimizers_to_device``)."""
-    _optimizers_to_device(optimizers, device)
+    The rest is Lightning's sequence, step for step: materialize what was built on the meta
+    device, convert to the precision, move to the device, build the optimizers and move their
+    state. ``tests/test_architecture.py`` compares it with Lightning's source.
+    """
+    assert strategy.model is not None
+    assert strategy.accelerator is not None
+    strategy.accelerator.setup(trainer)
+    strategy.model = parallelize(strategy.model)
+    _materialize_distributed_module(strategy.model, strategy.root_device)
+    strategy.model = strategy.precision_plugin.convert_module(strategy.model)
+    strategy.model_to_device()  # what the sharding left on the CPU
+    strategy.barrier()
+    if trainer.state.fn == TrainerFn.FITTING:
+        strategy.setup_optimizers(trainer)
+    strategy.setup_precision_plugin()
+    if trainer.state.fn == TrainerFn.FITTING:
+        _optimizers_to_device(strategy.optimizers, strategy.root_device)
