@@ -32,9 +32,10 @@ Replan = Callable[[list[int] | None], None]
 TimeProbe = Callable[[int], Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModeOptions:
-    """The strategy's options that modes read (see ``HeteroStrategy`` for each)."""
+    """The strategy's options that modes read (see ``HeteroStrategy`` for each), by keyword
+    only: several neighbours share a type, and swapped positions would still type-check."""
 
     adjust_every: Literal["epoch"] | int = "epoch"
     weighted: bool = True

@@ -166,9 +166,16 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             )
         shared = HeteroOptions.pick(locals())
         options = ModeOptions(
-            adjust_every, weighted, lr_scaling, rpc_timeout, megabatch_size, delta,
-            perturb_threshold, gamma, global_batch_size,
-        )  # fmt: skip
+            adjust_every=adjust_every,
+            weighted=weighted,
+            lr_scaling=lr_scaling,
+            rpc_timeout=rpc_timeout,
+            megabatch_size=megabatch_size,
+            delta=delta,
+            perturb_threshold=perturb_threshold,
+            gamma=gamma,
+            global_batch_size=global_batch_size,
+        )
         training_mode, plan_state = hetero_parts(mode, options, shared)
         super().__init__(
             accelerator=accelerator,
