@@ -2,7 +2,7 @@
 
 The re-planner, the training mode and the probes get one :class:`RunContext` instead of the
 strategy: this rank's place in the job, its device, one collectives object, the step timer,
-the plan state, the module and its optimizers, and where training is (epoch and step). As
+the plan state, the module and its optimizers, and where training is (epoch and global step). As
 torch.distributed's ``Join`` takes a process group and a device rather than the trainer,
 nothing here reaches back into Lightning, and a test builds a real context for one process
 with :meth:`RunContext.single`.
@@ -90,8 +90,9 @@ class RunContext:
         return self.position()[0]
 
     @property
-    def step(self) -> int:
-        """The optimizer steps taken so far (the trainer's ``global_step``)."""
+    def global_step(self) -> int:
+        """The optimizer steps taken so far (the trainer's ``global_step``); a "step" without
+        ``global`` in this package is a training batch's index within its epoch."""
         return self.position()[1]
 
     def barrier(self, name: str) -> None:

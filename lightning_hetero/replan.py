@@ -170,8 +170,8 @@ class Replanner:
 
     def merge_boundary(self, updates: list[int] | None) -> None:
         """A boundary the mode calls (local SGD's merge), where training is now."""
-        epoch, step = self.ctx.position()
-        self.boundary(epoch, step, updates)
+        epoch, global_step = self.ctx.position()
+        self.boundary(epoch, global_step, updates)
 
     # ---------------------------------------------------------------- the run
     def start(self) -> None:
@@ -194,7 +194,7 @@ class Replanner:
         self.ctx.timer.break_cycle()  # the time between epochs is no step's
         self.training_mode.on_train_epoch_start()
 
-    def batch_finished(self, epoch: int, step: int) -> None:
+    def batch_finished(self, epoch: int, global_step: int) -> None:
         """A training batch ended: a boundary every ``adjust_every`` batches.
 
         Timings are folded in at boundaries (:meth:`report`) and every
@@ -206,9 +206,9 @@ class Replanner:
             self._collect()
         if self.adjust_every != "epoch" and self.batches % self.adjust_every == 0:
             with self.ctx.timer.waiting():  # the same on every rank: not the next step's cost
-                self.boundary(epoch, step)
+                self.boundary(epoch, global_step)
 
-    def epoch_finished(self, epoch: int, step: int) -> None:
+    def epoch_finished(self, epoch: int, global_step: int) -> None:
         """The epoch's batches are over: the mode's epoch end, then an epoch boundary.
 
         No boundary when this fit trained no batch of the epoch: a resume from a checkpoint
@@ -220,7 +220,7 @@ class Replanner:
             and self._epoch_batches > 0
         ):
             self._collect(synchronize=True)
-            self.boundary(epoch, step)
+            self.boundary(epoch, global_step)
 
     # ---------------------------------------------------------------- the boundary
     def report(self) -> RankReport:
@@ -235,8 +235,10 @@ class Replanner:
             s.compute_se, s.step_s, s.step_se, s.step_count,
         )  # fmt: skip
 
-    def boundary(self, epoch: int, step: int, updates: list[int] | None = None) -> None:
+    def boundary(self, epoch: int, global_step: int, updates: list[int] | None = None) -> None:
         """Gather every rank's report, re-plan on rank 0, apply the plan everywhere.
+
+        ``global_step``: the trainer's optimizer steps so far (the history's ``step``).
 
         ``updates``: each rank's model-update count since the last boundary, where ranks
         make different numbers of updates (local mode); the controller's ``RankStats`` get
@@ -266,7 +268,7 @@ class Replanner:
         plan = state.batch_sizes
         entry: dict[str, Any] = {
             "epoch": epoch,
-            "step": step,
+            "step": global_step,
             "batch_sizes": plan,
             "compute_times": compute_s,
             "wait_times": got["wait_s"],

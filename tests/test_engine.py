@@ -37,7 +37,9 @@ class _Recording(BoringModel):
         return DataLoader(RandomDataset(32, 24), batch_size=4)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
-        self.positions.append(self.trainer.strategy.context.position())
+        ctx = self.trainer.strategy.context
+        assert ctx.position() == (ctx.epoch, ctx.global_step)
+        self.positions.append((ctx.epoch, ctx.global_step))
         self.expected.append((self.trainer.current_epoch, self.trainer.global_step))
 
 
@@ -110,7 +112,8 @@ def test_one_context_is_shared_by_the_re_planner_and_the_mode_and_none_holds_the
     assert strategy.replanner.context is ctx and strategy.training_mode.context is ctx
     assert strategy.comm is ctx.comm is strategy.comm  # one collectives object for the run
     assert strategy.timer is ctx.timer and isinstance(ctx.timer, HostStepTimer)
-    # training is where the trainer says, at every batch
+    # training is where the trainer says, at every batch: the epoch and the global step (12
+    # optimizer steps over two epochs of 6 batches, where a batch index restarts each epoch)
     assert model.positions == model.expected and len(model.positions) == 12
     assert model.positions[-1] == (1, 11)
     # the parts reach the run through the context only: no reference back to the strategy

@@ -111,8 +111,8 @@ def _end_epoch(replanner: Replanner, steps: int) -> None:
     """An epoch of ``steps`` training batches ends (the callback's hooks, in order)."""
     replanner.epoch_started()
     for step in range(1, steps + 1):
-        replanner.batch_finished(epoch=0, step=step)
-    replanner.epoch_finished(epoch=0, step=steps)
+        replanner.batch_finished(epoch=0, global_step=step)
+    replanner.epoch_finished(epoch=0, global_step=steps)
 
 
 def test_an_epoch_end_without_a_batch_in_this_fit_runs_no_boundary():
@@ -126,7 +126,7 @@ def test_an_epoch_end_without_a_batch_in_this_fit_runs_no_boundary():
     replanner.start()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "no finite step timings"
-        replanner.epoch_finished(epoch=0, step=6)
+        replanner.epoch_finished(epoch=0, global_step=6)
     assert replanner.history == [] and ends == [1]  # the mode's epoch end still runs
     _timed(host, 8, 2, 0.04)
     _end_epoch(replanner, steps=2)  # the next epoch trains: its boundary runs
@@ -153,9 +153,9 @@ def test_a_boundary_with_timings_runs_the_controller_and_counts_batches():
     host = _Host([8])
     replanner = host.replanner(_Keep(), smoothing=0.0, adjust_every=2)
     _timed(host, 8, 3, 0.04)
-    replanner.batch_finished(epoch=0, step=1)
+    replanner.batch_finished(epoch=0, global_step=1)
     assert replanner.history == []  # the first of 2 batches
-    replanner.batch_finished(epoch=0, step=2)
+    replanner.batch_finished(epoch=0, global_step=2)
     (entry,) = replanner.history
     assert entry["step"] == 2 and entry["compute_times"] == [pytest.approx(0.04)]
     assert entry["balance"] == pytest.approx(1.0)
@@ -260,7 +260,7 @@ def test_nothing_is_gathered_before_the_first_training_loader():
     host = _Host([8])
     host.training_mode.sampler = None
     replanner = host.replanner(ProportionalController(), smoothing=0.0, adjust_every="epoch")
-    replanner.boundary(epoch=0, step=0)
+    replanner.boundary(epoch=0, global_step=0)
     assert replanner.history == []
 
 
