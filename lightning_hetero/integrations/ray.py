@@ -2,7 +2,8 @@
 
 ``ray.train.lightning.prepare_trainer`` accepts Ray's own strategies only, so these are
 :class:`~lightning_hetero.HeteroStrategy` and :class:`~lightning_hetero.HeteroFSDPStrategy`
-made Ray strategies: the plan, re-planning, weighted gradients, checkpoints and a resume on
+made Ray strategies (the FSDP2 one through this module's :func:`prepare_trainer`: Ray has no
+FSDP2 strategy): the plan, re-planning, weighted gradients, checkpoints and a resume on
 another worker count work as under torchrun. Inside ``TorchTrainer``'s training function::
 
     import lightning.pytorch as pl
@@ -33,7 +34,6 @@ try:
     import ray.train.torch
     from ray.train.lightning import (
         RayDDPStrategy,
-        RayFSDPStrategy,
         RayLightningEnvironment,
         RayTrainReportCallback,
     )
@@ -163,8 +163,9 @@ class RayHeteroStrategy(_OnRay, HeteroStrategy, RayDDPStrategy):
 class RayHeteroFSDPStrategy(_OnRay, HeteroFSDPStrategy):
     """:class:`~lightning_hetero.HeteroFSDPStrategy` (FSDP2) for Ray Train.
 
-    Accepted by ``prepare_trainer`` as Ray's sharded strategy (a virtual subclass of
-    ``RayFSDPStrategy``, which is FSDP1: Ray has no FSDP2 strategy). The options are those of
+    Ray's own ``prepare_trainer`` knows FSDP1's ``RayFSDPStrategy`` only (Ray has no FSDP2
+    strategy): prepare the Trainer with :func:`prepare_trainer` from this module, which makes
+    Ray's checks for it. The options are those of
     ``HeteroFSDPStrategy``; ``data_parallel_size="auto"`` shards over all Ray workers. The
     backend and timeout belong to ``TorchConfig``, as for :class:`RayHeteroStrategy`.
     """
@@ -187,12 +188,10 @@ class RayHeteroFSDPStrategy(_OnRay, HeteroFSDPStrategy):
         super().setup_environment()
 
 
-RayFSDPStrategy.register(RayHeteroFSDPStrategy)  # what `prepare_trainer` checks for
-
-
 def prepare_trainer(trainer: pl.Trainer) -> pl.Trainer:
-    """``ray.train.lightning.prepare_trainer``, with an error that names the strategy to use
-    when ``trainer`` runs a plain ``HeteroStrategy`` or ``HeteroFSDPStrategy``."""
+    """``ray.train.lightning.prepare_trainer``, which also takes a
+    :class:`RayHeteroFSDPStrategy`, with an error that names the strategy to use when
+    ``trainer`` runs a plain ``HeteroStrategy`` or ``HeteroFSDPStrategy``."""
     strategy = trainer.strategy
     if isinstance(strategy, HeteroStrategy | HeteroFSDPStrategy) and not isinstance(
         strategy, _OnRay
@@ -207,6 +206,20 @@ def prepare_trainer(trainer: pl.Trainer) -> pl.Trainer:
             f" run (Ray starts the workers and the process group itself). Use"
             f" `lightning_hetero.integrations.ray.{ray_class}` with the same options."
         )
+    if isinstance(strategy, RayHeteroFSDPStrategy):
+        # Ray's prepare_trainer checks that the strategy is one of its classes, of which FSDP1's
+        # RayFSDPStrategy is the sharded one, and that the cluster environment is Ray's (and
+        # records a usage tag); the second check is Ray's for this strategy too
+        # (tests/ray/test_ray_api.py fails when Ray's function does more)
+        environment = strategy.cluster_environment
+        if environment is not None and not isinstance(environment, RayLightningEnvironment):
+            raise RuntimeError(
+                f"RayHeteroFSDPStrategy runs with Ray's cluster environment"
+                f" (ray.train.lightning.RayLightningEnvironment), but this Trainer's is a"
+                f" {type(environment).__name__}: leave the `plugins` without a cluster"
+                " environment."
+            )
+        return trainer
     return _ray_prepare_trainer(trainer)
 
 

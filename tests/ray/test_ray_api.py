@@ -1,13 +1,17 @@
 """RayHeteroStrategy's contract with Ray and Lightning, and the example program."""
 
+import ast
+import inspect
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
+from lightning.pytorch.plugins.environments import LightningEnvironment
 from ray.train.lightning import RayDDPStrategy, RayFSDPStrategy, RayLightningEnvironment
 from ray.train.lightning import prepare_trainer as ray_prepare_trainer
 
@@ -28,13 +32,42 @@ def _trainer(strategy: object) -> pl.Trainer:
 def test_the_strategies_are_rays_and_bring_rays_environment() -> None:
     ddp, fsdp = RayHeteroStrategy(mode="local"), RayHeteroFSDPStrategy()
     assert isinstance(ddp, RayDDPStrategy) and isinstance(ddp, HeteroStrategy)
-    assert isinstance(fsdp, RayFSDPStrategy) and isinstance(fsdp, HeteroFSDPStrategy)
+    assert isinstance(fsdp, HeteroFSDPStrategy)
     for strategy in (ddp, fsdp):
         assert isinstance(strategy.cluster_environment, RayLightningEnvironment)
         # Ray checks the trainer's strategy only (a Trainer with Ray's environment can be built
         # in Ray's workers only)
         trainer = SimpleNamespace(strategy=strategy)
-        assert ray_prepare_trainer(trainer) is prepare_trainer(trainer) is trainer
+        assert prepare_trainer(trainer) is trainer
+    assert ray_prepare_trainer(SimpleNamespace(strategy=ddp)).strategy is ddp
+
+
+def test_the_fsdp2_strategy_is_no_ray_fsdp1_strategy_for_anyone_else() -> None:
+    # no process-wide registration: Ray's own check still refuses it, ours prepares it
+    fsdp = RayHeteroFSDPStrategy()
+    assert not isinstance(fsdp, RayFSDPStrategy)
+    with pytest.raises(RuntimeError, match="Invalid strategy class"):
+        ray_prepare_trainer(SimpleNamespace(strategy=fsdp))
+    fsdp.cluster_environment = LightningEnvironment()
+    with pytest.raises(RuntimeError, match=r"RayLightningEnvironment.*LightningEnvironment"):
+        prepare_trainer(SimpleNamespace(strategy=fsdp))
+
+
+def test_rays_prepare_trainer_makes_only_the_checks_ours_makes_for_the_fsdp2_strategy() -> None:
+    # ours makes Ray's checks for RayHeteroFSDPStrategy instead of calling Ray's function:
+    # when Ray's prepare_trainer does something more, this fails, so that ours does it too
+    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(ray_prepare_trainer))))
+    body = [ast.unparse(statement) for statement in tree.body[0].body]  # type: ignore[attr-defined]
+    if body[0].startswith(("'", '"')):
+        body = body[1:]  # the docstring
+    checks = [s for s in body if s.startswith("if ")]
+    assert len(checks) == 2 and all("raise RuntimeError" in s for s in checks), body
+    assert "valid_strategy_class" in checks[0] and "RayLightningEnvironment" in checks[1]
+    rest = [s for s in body if s not in checks]
+    assert rest[0].startswith("valid_strategy_class = [RayDDPStrategy, RayFSDPStrategy")
+    assert rest[1] == "cluster_environment = getattr(trainer.strategy, 'cluster_environment', None)"
+    assert rest[2].startswith("record_extra_usage_tag(")  # Ray's usage statistics
+    assert rest[3:] == ["return trainer"]
 
 
 @pytest.mark.parametrize(
