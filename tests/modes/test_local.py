@@ -1,0 +1,47 @@
+"""LocalSGDMode (``mode="local"``) on a real run context."""
+
+import pytest
+import torch
+
+from lightning_hetero.modes.local import LocalSGDMode
+from lightning_hetero.sampler import EpochPermutation
+
+from .conftest import bound
+
+
+def _local(plan: list[int], **kwargs) -> tuple[LocalSGDMode, list]:
+    mode, replans = bound("local", plan, world_size=len(plan), **kwargs)
+    assert isinstance(mode, LocalSGDMode)
+    return mode, replans
+
+
+@pytest.mark.parametrize(("lr_scaling", "factor"), [(True, 2 * 3 / 8), (False, 1.0)])
+def test_the_learning_rate_is_scaled_by_world_size_times_share_for_the_step_only(
+    lr_scaling, factor
+):
+    mode, _ = _local([3, 5], lr_scaling=lr_scaling)
+    mode.share = (3, 8)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    seen = mode.optimizer_step(optimizer, lambda: optimizer.param_groups[0]["lr"])
+    assert seen == pytest.approx(0.1 * factor)
+    assert optimizer.param_groups[0]["lr"] == 0.1
+
+
+def test_replicas_merge_after_each_megabatch_and_replan_with_the_update_counts(group):
+    module = torch.nn.Linear(2, 1)
+    mode, replans = _local([4], port=group, module=module, megabatch_size=8)
+    mode.setup_environment()  # the claim counter in the group's store
+    sampler = mode.batch_sampler(EpochPermutation(16), [4], drop_last=False, lower=1)
+    mode.on_train_start()
+    mode.on_train_epoch_start()
+    drawn: list[int] = []
+    for batch_idx, batch in enumerate(sampler):
+        mode.on_train_batch_start(batch_idx)
+        drawn += batch
+        if batch_idx == 2:  # the first batch of the second mega-batch merged the first
+            assert replans == [[2]]
+    assert sorted(drawn) == list(range(16))  # every sample once
+    assert mode.on_train_epoch_end() is False  # it re-planned at each merge instead
+    assert replans == [[2], [2]]
+    assert [merge["megabatch"] for merge in mode.merges] == [0, 1]
+    assert all(merge["weights"] == [1.0] for merge in mode.merges)
