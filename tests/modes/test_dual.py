@@ -1,0 +1,60 @@
+"""DualBatchMode (``mode="async", controller="dual"``) on a real run context."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hetero.modes.dual import DualBatchMode
+from lightning_hetero.planning.dual import DualBatchController, TimeModel
+from lightning_hetero.sampler import EpochPermutation
+
+from .conftest import bound
+
+SAMPLES = 100
+LARGE = 8
+
+
+def _planned() -> DualBatchMode:
+    controller = DualBatchController(small_workers=1, large_batch_size=LARGE)
+    mode, _ = bound("async", [LARGE, LARGE], world_size=2, controller=controller)
+    assert isinstance(mode, DualBatchMode)
+    loader = DataLoader(TensorDataset(torch.zeros(SAMPLES, 1)), batch_size=LARGE)
+    probed: list[int] = []
+
+    def probe_time(largest: int) -> TimeModel:
+        probed.append(largest)
+        return TimeModel(a=0.01, b=0.05)
+
+    plan = mode.first_plan(loader, probe_time)
+    assert probed == [LARGE] and plan is not None
+    mode.batch_sampler(EpochPermutation(SAMPLES, shuffle=False), plan, False, lower=1)
+    return mode
+
+
+def test_the_first_plan_is_the_dual_plan_from_the_probed_time_model_and_fixes_the_limits():
+    mode = _planned()
+    dual = mode.dual_plan
+    assert dual is not None
+    sizes = list(dual.batch_sizes)
+    assert sizes == [LARGE, dual.small_batch_size]  # the large ranks first
+    assert dual.small_batch_size < LARGE and sum(dual.samples) == SAMPLES
+    limits = mode.ctx.plan_state.limits
+    assert limits is not None
+    assert limits.global_batch_size == sum(sizes)
+    assert limits.min_batch_size == limits.max_batch_size == sizes  # no controller moves it
+
+
+def test_a_steps_share_is_its_own_batch_so_the_server_scales_by_the_update_factor_alone():
+    mode = _planned()
+    dual = mode.dual_plan
+    assert dual is not None
+    own = dual.batch_sizes[0]
+    mode.on_train_batch_start(0)
+    assert mode.share == (own, own)
+    assert mode.update_factor() == pytest.approx(dual.update_factors[0])
+
+
+def test_a_controllers_plan_change_is_refused_as_the_dual_plan_is_fixed():
+    mode = _planned()
+    with pytest.raises(RuntimeError, match="dual batch size plan is fixed"):
+        mode.apply_plan([4, 4], from_step=None)
