@@ -223,13 +223,18 @@ class GlobalBatchSampler(Sampler[list[int]]):
         return {
             "epoch": getattr(self.sampler, "epoch", 0),
             "step": self.cursor if step is None else int(step),
+            "steps": len(self),
             "epoch_plan": list(self._epoch_plan),
             "changes": [[start, list(plan)] for start, plan in self._changes],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume inside an epoch: the next iteration of epoch ``state["epoch"]`` starts at
-        step ``state["step"]`` with the plans that epoch ran (any other epoch starts afresh)."""
+        step ``state["step"]`` with the plans that epoch ran (any other epoch starts afresh).
+        A state whose epoch had ended (all its ``steps`` drawn) holds nothing to resume."""
+        if int(state["step"]) >= int(state.get("steps", state["step"] + 1)):
+            self._resume = None
+            return
         plans = [state["epoch_plan"], *(plan for _, plan in state["changes"])]
         if any(len(p) != len(self._epoch_plan) or sum(p) != self.global_batch_size for p in plans):
             raise ValueError(
