@@ -179,13 +179,14 @@ def test_partition_sampler_pads_a_short_last_batch_to_the_minimum():
 
 
 # ---------------------------------------------------------------- resuming inside an epoch
-def _loaders(plan, seed=5, epoch=1):
+def _loaders(plan, seed=5, epoch=1, samples=50):
     loaders = []
     for rank in range(len(plan)):
-        order = EpochPermutation(50, seed=seed)
+        order = EpochPermutation(samples, seed=seed)
         order.set_epoch(epoch)
         sampler = GlobalBatchSampler(order, plan, rank)
-        loaders.append(with_batch_sampler(DataLoader(list(range(50)), batch_size=8), sampler))
+        data = list(range(samples))
+        loaders.append(with_batch_sampler(DataLoader(data, batch_size=8), sampler))
     return loaders
 
 
@@ -208,8 +209,22 @@ def test_the_state_of_an_ended_epoch_resumes_on_any_world_size():
     list(loader)
     state = loader.state_dict()
     assert state["step"] == state["steps"] == 4
-    fresh = _loaders([5, 5, 6], epoch=0)[0]
+    fresh = _loaders([5, 5, 5], epoch=0)[0]
     fresh.load_state_dict(state)  # nothing left of that epoch: the next starts afresh
     assert len(list(fresh)) == 4
-    with pytest.raises(ValueError, match="resume from a checkpoint written at an epoch end"):
+    with pytest.raises(ValueError, match=r"global batch of 16 \(\[16\]\).*is 15"):
         fresh.load_state_dict({**state, "step": 2})
+
+
+def test_a_mid_epoch_state_goes_on_with_the_same_steps_on_another_number_of_ranks():
+    trained = []
+    for loader in _loaders([10, 6], samples=51):
+        iterator = iter(loader)
+        trained += [i for _ in range(2) for i in next(iterator).tolist()]
+        state = loader.state_dict()
+    for loader in _loaders([5, 5, 6], samples=51):  # one more rank, the same global batch
+        loader.load_state_dict(state)
+        batches = [batch.tolist() for batch in loader]
+        assert [len(b) for b in batches[:1]] == [[5, 5, 6][loader.batch_sampler.rank]]
+        trained += [i for batch in batches for i in batch]
+    assert sorted(trained) == list(range(51))
