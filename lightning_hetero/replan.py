@@ -33,7 +33,7 @@ from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weig
 from lightning_hetero.planning.split import is_count, plan_checksum
 from lightning_hetero.resources import ResourceMeter
 
-__all__ = ["RankReport", "Replanner", "check_replan_options"]
+__all__ = ["RankReport", "Replanner", "check_replan_options", "waits_unseen"]
 
 #: Batches between two readings of the step timer outside boundaries.
 _COLLECT_EVERY = 64
@@ -141,6 +141,7 @@ class Replanner:
         self._samples_per_s: list[float] = []  # per rank, at the last boundary
         self._measured_batch_sizes: list[int] = []  # the batches those were measured on
         self._warned_minimum: set[int] = set()
+        self._warned_unseen = False
 
     @property
     def controller(self) -> Controller:
@@ -296,6 +297,7 @@ class Replanner:
                 f" plan {plan}."
             )
         else:
+            self._check_waits_seen(got["step_s"], got["wait_s"])
             entry["balance"] = balance_efficiency(plan, compute_s)
             back = self._review(plan, got["step_s"], got["step_se"], min(got["step_n"]))
             if self.controller.replicable:  # every rank decides: no broadcast
@@ -325,6 +327,23 @@ class Replanner:
         self.history.append(entry)
         if self.on_record is not None:
             self.on_record(entry)
+
+    def _check_waits_seen(self, step_s: Sequence[float], wait_s: Sequence[float]) -> None:
+        """Warn once when lock-step ranks' timings show waits the timer cannot see."""
+        if self._warned_unseen or not self.training_mode.steps_together:
+            return
+        if waits_unseen(step_s, wait_s):
+            self._warned_unseen = True
+            steps = ", ".join(f"{t:.3g}" for t in step_s)
+            waits = ", ".join(f"{t:.2g}" for t in wait_s)
+            rank_zero_warn(
+                f"hetero: the ranks step together, yet their step times differ ({steps} s)"
+                f" while none measured any wait for the others ({waits} s): a faster rank's"
+                " wait is being counted as its compute, so the controller cannot see which"
+                " rank is slow. A collective the strategy does not time runs inside the step"
+                " (e.g. a `sync_dist` or all-reduce of your own in `training_step`, or a model"
+                " hook that communicates): move it out of the training step, or report it."
+            )
 
     def _review(
         self, plan: list[int], step_s: Sequence[float], step_se: Sequence[float], steps: int
@@ -520,6 +539,28 @@ class Replanner:
             f" {self.ctx.world_size}: {how}. The controller's state"
             f" ({state['controller_class']}) starts fresh."
         )
+
+
+def waits_unseen(
+    step_s: Sequence[float], wait_s: Sequence[float], spread: float = 0.1, floor: float = 0.01
+) -> bool:
+    """Whether ranks that step together measured step times (compute plus wait) that differ
+    by more than ``spread`` of the longest while every wait is below ``floor`` of the
+    shortest step: impossible when the waits are measured, since a lock-step step lasts as
+    long on every rank and only the waits make up the difference.
+
+    Example:
+        >>> waits_unseen([1.0, 1.3], [0.0, 0.001]), waits_unseen([1.0, 1.3], [0.3, 0.0])
+        (True, False)
+        >>> waits_unseen([1.0, 1.02], [0.0, 0.0])  # equal ranks wait for nobody
+        False
+    """
+    steps = [t for t in step_s if math.isfinite(t) and t > 0]
+    if len(steps) != len(step_s) or len(steps) < 2 or len(wait_s) != len(steps):
+        return False
+    if max(steps) - min(steps) <= spread * max(steps):
+        return False
+    return all(math.isfinite(w) and w < floor * min(steps) for w in wait_s)
 
 
 def _mean_finite(values: Sequence[float]) -> float:

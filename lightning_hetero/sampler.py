@@ -223,21 +223,33 @@ class GlobalBatchSampler(Sampler[list[int]]):
         return {
             "epoch": getattr(self.sampler, "epoch", 0),
             "step": self.cursor if step is None else int(step),
+            "steps": len(self),
             "epoch_plan": list(self._epoch_plan),
             "changes": [[start, list(plan)] for start, plan in self._changes],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume inside an epoch: the next iteration of epoch ``state["epoch"]`` starts at
-        step ``state["step"]`` with the plans that epoch ran (any other epoch starts afresh)."""
-        plans = [state["epoch_plan"], *(plan for _, plan in state["changes"])]
-        if any(len(p) != len(self._epoch_plan) or sum(p) != self.global_batch_size for p in plans):
+        step ``state["step"]`` with the plans that epoch ran (any other epoch starts afresh).
+
+        A state whose epoch had ended (all its ``steps`` drawn) holds nothing to resume. On
+        another number of ranks with the same global batch, the epoch goes on from the same
+        step with this sampler's plan: a step's samples depend only on the global batch.
+        """
+        if int(state["step"]) >= int(state.get("steps", state["step"] + 1)):
+            self._resume = None
+            return
+        if sum(state["epoch_plan"]) != self.global_batch_size:
             raise ValueError(
-                f"The checkpoint's training data stopped inside epoch {state['epoch']} with"
-                f" per-rank batches {state['epoch_plan']}, which {len(self._epoch_plan)} ranks"
-                f" with a global batch of {self.global_batch_size} cannot go on with; resume"
-                " from a checkpoint written at an epoch end instead."
+                f"The checkpoint's training data stopped inside epoch {state['epoch']} with a"
+                f" global batch of {sum(state['epoch_plan'])} ({state['epoch_plan']}), and this"
+                f" run's is {self.global_batch_size}: set `global_batch_size="
+                f"{sum(state['epoch_plan'])}` to go on with that epoch, or resume from a"
+                " checkpoint written at an epoch end."
             )
+        plans = [state["epoch_plan"], *(plan for _, plan in state["changes"])]
+        if any(len(p) != len(self._epoch_plan) for p in plans):  # another world: its own plan
+            state = {**state, "epoch_plan": self.batch_sizes, "changes": []}
         self._resume = dict(state)
 
     def __iter__(self) -> Iterator[list[int]]:

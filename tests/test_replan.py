@@ -16,7 +16,13 @@ from lightning_hetero.planning import (
     ProportionalController,
     StepTimeGuard,
 )
-from lightning_hetero.replan import RankReport, Replanner, check_replan_options, plan_checksum
+from lightning_hetero.replan import (
+    RankReport,
+    Replanner,
+    check_replan_options,
+    plan_checksum,
+    waits_unseen,
+)
 
 
 def test_a_report_travels_as_one_row_and_comes_back_typed():
@@ -37,6 +43,7 @@ class _Mode:
     """The mode's side of a boundary (what the re-planner calls on it), recorded."""
 
     fixed_plan = False
+    steps_together = True
 
     def __init__(self) -> None:
         self.controller: Controller | None = None
@@ -350,3 +357,34 @@ def test_the_guards_state_travels_in_the_checkpoint():
     _timed(host2, 12, 5, 1.5)
     _end_epoch(resumed, 5)
     assert resumed.history[-1]["reverted"] and host2.plan_state.batch_sizes == [8, 8]
+
+
+# ---------------------------------------------------------------- waits the timer cannot see
+@pytest.mark.parametrize(
+    ("step_s", "wait_s", "unseen"),
+    [
+        ([1.0, 1.3], [0.0, 0.0], True),  # lock-step ranks differ, nobody waited: impossible
+        ([1.0, 1.3, 1.1], [0.002, 0.0, 0.005], True),
+        ([1.0, 1.3], [0.3, 0.0], False),  # the fast rank's wait is seen
+        ([1.0, 1.05], [0.0, 0.0], False),  # equal ranks: nothing to wait for
+        ([1.0, math.nan], [0.0, 0.0], False),  # no timings on a rank: nothing to say
+        ([1.0], [0.0], False),
+    ],
+)
+def test_waits_unseen_flags_lock_step_ranks_that_differ_without_waiting(step_s, wait_s, unseen):
+    assert waits_unseen(step_s, wait_s) is unseen
+
+
+def test_unseen_waits_are_warned_once_and_only_for_lock_step_modes():
+    host = _Host([8])
+    replanner = host.replanner(_Keep(), smoothing=0.5, adjust_every="epoch")
+    with pytest.warns(UserWarning, match=r"^hetero: the ranks step together.*\(1, 1\.5 s\)"):
+        replanner._check_waits_seen([1.0, 1.5], [0.0, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        replanner._check_waits_seen([1.0, 1.5], [0.0, 0.0])  # once per run
+        other = _Host([8])
+        other.training_mode.steps_together = False  # e.g. async: ranks never wait
+        other.replanner(_Keep(), smoothing=0.5, adjust_every="epoch")._check_waits_seen(
+            [1.0, 1.5], [0.0, 0.0]
+        )

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_hetero._data import with_batch_sampler
 from lightning_hetero.planning import PlanError
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
@@ -175,3 +176,55 @@ def test_partition_sampler_pads_a_short_last_batch_to_the_minimum():
     sampler = PartitionBatchSampler(epoch, [7, 3], [3, 3], rank=0, min_batch_size=2)
     assert list(sampler) == [[0, 1, 2], [3, 4, 5], [6, 0]]
     assert [sampler.size_at(step) for step in range(4)] == [3, 3, 2, 0]
+
+
+# ---------------------------------------------------------------- resuming inside an epoch
+def _loaders(plan, seed=5, epoch=1, samples=50):
+    loaders = []
+    for rank in range(len(plan)):
+        order = EpochPermutation(samples, seed=seed)
+        order.set_epoch(epoch)
+        sampler = GlobalBatchSampler(order, plan, rank)
+        data = list(range(samples))
+        loaders.append(with_batch_sampler(DataLoader(data, batch_size=8), sampler))
+    return loaders
+
+
+def test_a_map_style_loader_resumes_inside_an_epoch_training_each_sample_once():
+    first = []
+    for loader in _loaders([10, 6]):
+        iterator = iter(loader)
+        first.append([next(iterator).tolist() for _ in range(2)])
+        state = loader.state_dict()  # what Lightning checkpoints after 2 steps
+        assert state["step"] == 2 and state["steps"] == 4
+        resumed = _loaders([10, 6])[loader.batch_sampler.rank]
+        resumed.load_state_dict(state)
+        first[-1] += [batch.tolist() for batch in resumed]
+    trained = sorted(i for rank in first for batch in rank for i in batch)
+    assert trained == list(range(50))
+
+
+def test_the_state_of_an_ended_epoch_resumes_on_any_world_size():
+    (loader,) = _loaders([16], epoch=0)
+    list(loader)
+    state = loader.state_dict()
+    assert state["step"] == state["steps"] == 4
+    fresh = _loaders([5, 5, 5], epoch=0)[0]
+    fresh.load_state_dict(state)  # nothing left of that epoch: the next starts afresh
+    assert len(list(fresh)) == 4
+    with pytest.raises(ValueError, match=r"global batch of 16 \(\[16\]\).*is 15"):
+        fresh.load_state_dict({**state, "step": 2})
+
+
+def test_a_mid_epoch_state_goes_on_with_the_same_steps_on_another_number_of_ranks():
+    trained = []
+    for loader in _loaders([10, 6], samples=51):
+        iterator = iter(loader)
+        trained += [i for _ in range(2) for i in next(iterator).tolist()]
+        state = loader.state_dict()
+    for loader in _loaders([5, 5, 6], samples=51):  # one more rank, the same global batch
+        loader.load_state_dict(state)
+        batches = [batch.tolist() for batch in loader]
+        assert [len(b) for b in batches[:1]] == [[5, 5, 6][loader.batch_sampler.rank]]
+        trained += [i for batch in batches for i in batch]
+    assert sorted(trained) == list(range(51))

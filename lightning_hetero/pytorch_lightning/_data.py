@@ -100,8 +100,9 @@ def _iterable_refusal(dataset: IterableDataset) -> str:
 
 
 class _ResumableLoader(DataLoader):
-    """The training loader of a :class:`~lightning_hetero.streaming.ChunkedDataset`, which
-    Lightning checkpoints inside an epoch (``state_dict``) and resumes where it stopped.
+    """A training loader driven by a :class:`~lightning_hetero.sampler.GlobalBatchSampler`,
+    which Lightning checkpoints inside an epoch (``state_dict``) and resumes where it stopped:
+    every sample is trained once per epoch across a mid-epoch checkpoint.
 
     Lightning's training loop fetches no batch ahead of a loader with a length, so the
     batches yielded are the batches trained.
@@ -138,20 +139,15 @@ def epoch_order(dataset: Any, shuffle: bool, seed: int, global_batch_size: int) 
 def with_batch_sampler(loader: DataLoader, batch_sampler: Sampler[Any]) -> DataLoader:
     """A plain DataLoader like ``loader`` that draws its batches from ``batch_sampler``.
 
-    The loader of a :class:`~lightning_hetero.streaming.ChunkedDataset` also resumes inside
-    an epoch from a checkpoint.
+    With a :class:`~lightning_hetero.sampler.GlobalBatchSampler` (map-style datasets, the
+    streaming views), the loader also resumes inside an epoch from a checkpoint.
     """
     if type(loader) is not DataLoader:
         rank_zero_warn(
             f"HeteroStrategy replaces the training {type(loader).__name__} by a plain"
             " DataLoader with the same dataset and options."
         )
-    resumable = isinstance(loader.dataset, ChunkedDataset)
-    kind = (
-        _ResumableLoader
-        if resumable and isinstance(batch_sampler, GlobalBatchSampler)
-        else DataLoader
-    )
+    kind = _ResumableLoader if isinstance(batch_sampler, GlobalBatchSampler) else DataLoader
     return kind(
         loader.dataset,
         batch_sampler=batch_sampler,
