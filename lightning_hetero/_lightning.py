@@ -23,6 +23,7 @@ __all__ = [
     "check_own_sigterm_only",
     "in_training_batch",
     "logging_step",
+    "logs_step_metrics",
     "materialize_module",
     "optimizers_to_device",
     "request_train_reload",
@@ -36,6 +37,8 @@ SUPPORTED = (">=2.4", "<2.7")
 PRIVATE_ATTRIBUTES = (
     ("fit_loop", "_combined_loader"),
     ("", "_logger_connector"),
+    ("_logger_connector", "should_update_logs"),
+    ("fit_loop", "_should_accumulate"),
     ("_logger_connector", "_first_loop_iter"),
     ("fit_loop.epoch_loop", "_broadcast_sigterm_tensor"),
     ("fit_loop.epoch_loop", "_batches_that_stepped"),
@@ -72,14 +75,31 @@ def settle_logged_metrics(trainer: "pl.Trainer") -> None:
     _ = trainer.callback_metrics
 
 
-def logging_step(trainer: "pl.Trainer") -> int:
-    """The step at which Lightning logs what is logged now (``self.log`` in a training step).
+def logging_step(trainer: "pl.Trainer", epoch_end: bool = False) -> int:
+    """The step at which Lightning logs what is logged now: ``self.log`` in a training step,
+    or, with ``epoch_end``, in ``on_train_epoch_end`` (the epoch-level values).
 
     Lightning's loggers count batches that stepped, raised after a batch's
-    ``on_train_batch_end``; ``trainer.global_step`` counts optimizer steps and is already
-    raised there, one ahead.
+    ``on_train_batch_end`` (``trainer.global_step`` counts optimizer steps and is already
+    raised there, one ahead). Epoch-level values are logged after the epoch's last batch
+    raised that count: ``_FitLoop.on_advance_end`` lowers it by one around
+    ``update_train_epoch_metrics``, after every ``on_train_epoch_end`` hook, so that they share
+    the step of the epoch's last batch (and of a validation run after it).
     """
-    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+    stepped = int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+    return stepped - 1 if epoch_end else stepped
+
+
+def logs_step_metrics(trainer: "pl.Trainer") -> bool:
+    """Whether Lightning logs the step-level values of the training batch now ending.
+
+    The test of ``_LoggerConnector.update_train_step_metrics``, run after the batch's
+    ``on_train_batch_end``: every ``log_every_n_steps`` batches that stepped (counted from 1),
+    every batch under ``fast_dev_run``, and never on a batch that only accumulates gradients.
+    """
+    if trainer.fit_loop._should_accumulate() and trainer.lightning_module.automatic_optimization:
+        return False
+    return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
 
 
 def request_train_reload(trainer: "pl.Trainer") -> None:
