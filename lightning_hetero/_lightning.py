@@ -7,6 +7,14 @@ when a Lightning release drops one of them. A Lightning upgrade touches this fil
 
 from typing import TYPE_CHECKING
 
+from lightning.fabric.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -21,6 +29,7 @@ __all__ = [
     "SUBCLASS_ATTRIBUTES",
     "SUPPORTED",
     "check_own_sigterm_only",
+    "chosen_by_trainer",
     "in_training_batch",
     "logging_step",
     "logs_step_metrics",
@@ -100,6 +109,21 @@ def logs_step_metrics(trainer: "pl.Trainer") -> bool:
     if trainer.fit_loop._should_accumulate() and trainer.lightning_module.automatic_optimization:
         return False
     return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
+
+
+def chosen_by_trainer(environment: ClusterEnvironment) -> bool:
+    """Whether the Trainer could have picked ``environment`` itself, for a strategy without one
+    and no environment in ``plugins``: the first of TorchElastic, SLURM, LSF and MPI whose
+    ``detect()`` finds it, else a ``LightningEnvironment``
+    (``_AcceleratorConnector._choose_and_init_cluster_environment``)."""
+    automatic = (
+        TorchElasticEnvironment,
+        SLURMEnvironment,
+        LSFEnvironment,
+        MPIEnvironment,
+        LightningEnvironment,
+    )
+    return type(environment) in automatic and type(environment).detect()
 
 
 def request_train_reload(trainer: "pl.Trainer") -> None:

@@ -347,7 +347,7 @@ class HeteroEngine:
         """Probe (``max_batch_size="auto"``, the mode's own) and make the first plan."""
         trainer = self.lightning_module.trainer
         emulation = [
-            lambda batch, cb=cb: cb.emulate_step(trainer, batch)
+            lambda batch, samples, cb=cb: cb.emulate_step(trainer, batch, samples)
             for cb in trainer.callbacks
             if isinstance(cb, Throttle)
         ]
@@ -421,6 +421,12 @@ class HeteroEngine:
         refuse_several_training_loaders(self.lightning_module.trainer)
         self._context().optimizers = self.optimizers  # as Lightning holds them now
         self.training_mode.on_train_start()
+
+    def step_samples(self, batch_idx: int) -> int | None:
+        """The samples the plan gives this rank in step ``batch_idx`` of the epoch (``b_k``);
+        ``None`` where the mode's sampler does not lay out steps (``"async"``, ``"local"``)."""
+        layout = self.training_mode.step_layout(batch_idx)
+        return None if layout is None else layout[0]
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

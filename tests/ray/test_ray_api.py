@@ -1,5 +1,6 @@
 """RayHeteroStrategy's contract with Ray and Lightning, and the example program."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,6 +9,11 @@ from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
+from lightning.fabric.plugins.environments import (
+    KubeflowEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+)
 from ray.train.lightning import RayDDPStrategy, RayFSDPStrategy, RayLightningEnvironment
 from ray.train.lightning import prepare_trainer as ray_prepare_trainer
 
@@ -30,7 +36,14 @@ def test_the_strategies_are_rays_and_bring_rays_environment() -> None:
     assert isinstance(ddp, RayDDPStrategy) and isinstance(ddp, HeteroStrategy)
     assert isinstance(fsdp, RayFSDPStrategy) and isinstance(fsdp, HeteroFSDPStrategy)
     for strategy in (ddp, fsdp):
-        assert isinstance(strategy.cluster_environment, RayLightningEnvironment)
+        # none until the Trainer gives one: Ray's guide gives it in `plugins`
+        assert strategy.cluster_environment is None
+        given = RayLightningEnvironment()
+        strategy.cluster_environment = given  # as the Trainer does with `plugins`
+        assert strategy.cluster_environment is given
+        # with no `plugins` the Trainer gives what it detects: Ray's instead
+        strategy.cluster_environment = LightningEnvironment()
+        assert type(strategy.cluster_environment) is RayLightningEnvironment
         # Ray checks the trainer's strategy only (a Trainer with Ray's environment can be built
         # in Ray's workers only)
         trainer = SimpleNamespace(strategy=strategy)
@@ -48,6 +61,17 @@ def test_a_plain_strategy_is_refused_with_the_ray_class_to_use(strategy, use) ->
     # Ray's own check refuses it too (naming its own classes)
     with pytest.raises(RuntimeError, match="RayDDPStrategy"):
         ray_prepare_trainer(trainer)
+
+
+def test_an_environment_that_is_not_rays_is_refused_by_name(monkeypatch) -> None:
+    with pytest.raises(ValueError, match=r"RayHeteroStrategy.*got SLURMEnvironment.*plugins"):
+        RayHeteroStrategy(cluster_environment=SLURMEnvironment())
+    # in `plugins`: one the Trainer would not pick itself (not detected here)
+    monkeypatch.delenv("KUBERNETES_PORT", raising=False)
+    for strategy in (RayHeteroStrategy(), RayHeteroFSDPStrategy()):
+        name = type(strategy).__name__
+        with pytest.raises(ValueError, match=rf"{name}.*got KubeflowEnvironment"):
+            pl.Trainer(strategy=strategy, plugins=[KubeflowEnvironment()], logger=False)
 
 
 def test_options_that_ray_owns_are_refused_with_where_they_go() -> None:
@@ -93,3 +117,18 @@ def test_the_example_trains_on_the_running_cluster(ray_cluster, tmp_path) -> Non
     line = next(row for row in proc.stdout.splitlines() if row.startswith("final batch sizes"))
     sizes = [int(s) for s in line.split("[")[1].rstrip("]").split(",")]
     assert len(sizes) == 2 and sum(sizes) == 64  # the example's global batch
+
+
+def test_rays_guide_program_trains_with_only_the_strategy_swapped(ray_cluster, tmp_path) -> None:
+    from tests.ray import workloads
+    from tests.ray.conftest import fit_on_ray
+
+    fit_on_ray(workloads.guide_program, {"out": str(tmp_path), "epochs": 2}, 2, tmp_path / "s")
+    runs = json.loads((tmp_path / "guide.json").read_text())
+    with_plugin, without = runs
+    assert with_plugin["type"] == without["type"] == "RayLightningEnvironment"
+    assert with_plugin["given"]  # the guide's own instance
+    for run in runs:
+        assert run["world_size"] == 2 and sum(run["batch_sizes"]) == 32  # 2 x 16
+        assert run["global_step"] == 2 * 256 // 32  # 2 epochs of the whole data set
+        assert run["loss"] < 1.0
