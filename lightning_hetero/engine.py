@@ -44,6 +44,7 @@ from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
 from lightning_hetero.planning.dual import DualBatchPlan
 from lightning_hetero.replan import Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
+from lightning_hetero.streaming import set_rank_variables
 
 __all__ = ["HeteroEngine", "HeteroOptions", "hetero_parts"]
 
@@ -259,6 +260,10 @@ class HeteroEngine:
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
+        if self.world_size > 1:  # what data libraries read (MosaicML's streaming): see there
+            set_rank_variables(
+                self.global_rank, self.world_size, self.local_rank, self.num_processes
+            )
         destroy_at_exit()
         self._check_process_group()
         self.context = self._make_context()

@@ -102,21 +102,32 @@ def test_modes_with_a_side_channel_need_the_jobs_main_address(monkeypatch) -> No
     RayHeteroStrategy(mode="bsp")._check_side_channel()  # BSP needs only the process group
 
 
-def test_the_example_trains_on_the_running_cluster(ray_cluster, tmp_path) -> None:
-    address = ray_cluster.get_runtime_context().gcs_address
+def _run_example(address: str, storage: Path, *args: str) -> str:
     proc = subprocess.run(
         [sys.executable, str(EXAMPLE), "--address", address, "--epochs", "1"]
-        + ["--storage", str(tmp_path)],
+        + ["--storage", str(storage), *args],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
-        cwd=tmp_path,
+        cwd=storage,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(row for row in proc.stdout.splitlines() if row.startswith("final batch sizes"))
+    return proc.stdout
+
+
+def test_the_example_trains_on_the_running_cluster(ray_cluster, tmp_path) -> None:
+    address = ray_cluster.get_runtime_context().gcs_address
+    out = _run_example(address, tmp_path)
+    line = next(row for row in out.splitlines() if row.startswith("final batch sizes"))
     sizes = [int(s) for s in line.split("[")[1].rstrip("]").split(",")]
     assert len(sizes) == 2 and sum(sizes) == 64  # the example's global batch
+    assert "of which 0.0 ms throttle" in out and "balance = T*/max t_k" in out  # explained
+    # each run is new unless named: an earlier one is not silently continued
+    name = next(r for r in out.splitlines() if r.startswith("run ")).split()[1]
+    assert f"run {name} in {tmp_path}: new" in out
+    again = _run_example(address, tmp_path, "--name", name)
+    assert f"run {name} in {tmp_path}: continued from its latest checkpoint" in again
 
 
 def test_rays_guide_program_trains_with_only_the_strategy_swapped(ray_cluster, tmp_path) -> None:
