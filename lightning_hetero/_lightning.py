@@ -33,6 +33,7 @@ __all__ = [
     "in_training_batch",
     "logging_step",
     "logs_step_metrics",
+    "name_unused_parameters_fix",
     "materialize_module",
     "optimizers_to_device",
     "request_train_reload",
@@ -124,6 +125,23 @@ def chosen_by_trainer(environment: ClusterEnvironment) -> bool:
         LightningEnvironment,
     )
     return type(environment) in automatic and type(environment).detect()
+
+
+def name_unused_parameters_fix(exception: BaseException, strategy: str) -> None:
+    """Make the advice on DDP's unused-parameters error name ``strategy``'s own option.
+
+    ``DDPStrategy.on_exception`` replaces DDP's "Expected to have finished reduction in the
+    prior iteration" error with advice to use ``strategy='ddp_find_unused_parameters_true'``,
+    which would drop the user's strategy for plain DDP.
+    """
+    exception.args = tuple(
+        f"{arg.split(' either by setting')[0].rstrip(',')}: pass"
+        f" `strategy={strategy}(find_unused_parameters=True)` (hetero: the string"
+        " `strategy='ddp_find_unused_parameters_true'` would train with plain DDP instead)."
+        if isinstance(arg, str) and "ddp_find_unused_parameters_true" in arg
+        else arg
+        for arg in exception.args
+    )
 
 
 def request_train_reload(trainer: "pl.Trainer") -> None:

@@ -542,3 +542,15 @@ def test_a_replaced_loader_is_named_by_its_qualified_name():
             lambda: DataLoader2(RandomDataset(32, 16), batch_size=4),
             trainer_options={"max_epochs": 1},
         )
+
+
+def test_ddps_unused_parameters_error_names_the_hetero_option():
+    """Lightning's advice (`strategy='ddp_find_unused_parameters_true'`) would drop hetero."""
+    error = RuntimeError(
+        "Expected to have finished reduction in the prior iteration before starting a new one."
+    )
+    HeteroStrategy().on_exception(error)
+    (message,) = error.args
+    assert message.startswith("It looks like your LightningModule has parameters that were")
+    assert "pass `strategy=HeteroStrategy(find_unused_parameters=True)`" in message
+    assert "would train with plain DDP instead" in message

@@ -33,6 +33,7 @@ from lightning_hetero.pytorch_lightning._data import (
 from lightning_hetero.pytorch_lightning._lightning import (
     check_own_sigterm_only,
     in_training_batch,
+    name_unused_parameters_fix,
     request_train_reload,
 )
 from lightning_hetero._probes import StepProbe, check_probe_options
@@ -529,6 +530,7 @@ class HeteroEngine:
     def on_exception(self, exception: BaseException) -> None:
         self.training_mode.on_exception(exception)
         super().on_exception(exception)
+        name_unused_parameters_fix(exception, type(self).__name__)
 
     @override
     def teardown(self) -> None:
