@@ -108,7 +108,7 @@ def _run_example(address: str, storage: Path, *args: str) -> str:
         + ["--storage", str(storage), *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,  # a start of Ray's worker group took minutes on a loaded machine
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
         cwd=storage,
     )
