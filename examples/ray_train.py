@@ -9,13 +9,24 @@
 
 Every worker gets a batch sized to its speed; the plan follows measured step times, is saved
 in the checkpoints Ray keeps, and a restart with another number of workers (elastic
-``--workers MIN-MAX``, or a new run in the same ``--storage``) plans again from the saved
-throughputs. ``--throttle`` makes worker 1 slower on one machine (emulation only).
+``--workers MIN-MAX``, or ``--name`` of an earlier run in the same ``--storage``) plans again
+from the saved throughputs. Each run gets a new name unless ``--name`` is given: a run
+continued by name goes on from its latest checkpoint, and one that already reached
+``--epochs`` trains no further (raise ``--epochs`` to train on). ``--throttle`` makes worker 1
+slower on one machine (emulation only).
+
+At the end it prints the last boundary's balance ``E = T*/max_k t_k`` (``T* = B / sum_k X_k``,
+the step time if every worker's time were proportional to its samples) and why it is below
+1 here: this model is tiny, so most of a worker's step is a fixed cost per step (the loop,
+the optimizer, gloo, workers sharing CPU cores) that moving samples does not remove. Worker 1
+keeps that cost however few samples it gets; only its throttle (1 ms per sample) shrinks
+with its batch. A model whose step time grows with its batch balances near 1.
 """
 
 import argparse
 import os
 import tempfile
+import time
 from typing import Any
 
 import lightning.pytorch as pl
@@ -66,14 +77,17 @@ class Classifier(pl.LightningModule):
         return DataLoader(blobs(512, seed=2), batch_size=64)
 
 
+def throttle_costs(world_size: int) -> list[float]:
+    """Seconds per sample that ``--throttle`` adds to each worker: 1 ms on worker 1."""
+    return [0.001 if k == 1 else 0.0 for k in range(world_size)]
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """What every Ray worker runs: a plain Lightning program with the Ray strategy."""
     world_size = ray.train.get_context().get_world_size()
     callbacks: list[pl.Callback] = [RayTrainReportCallback()]  # checkpoints -> train.report
     if config["throttle"]:  # worker 1 pays 1 ms per sample: a slower node, emulated
-        callbacks.append(
-            Throttle(sample_cost=[0.001 if k == 1 else 0.0 for k in range(world_size)])
-        )
+        callbacks.append(Throttle(sample_cost=throttle_costs(world_size)))
     trainer = pl.Trainer(
         max_epochs=config["epochs"],
         accelerator="auto",
@@ -112,29 +126,56 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="one GPU per worker")
     parser.add_argument("--node-labels", default="", help="key=value per worker, comma-separated")
     parser.add_argument("--storage", default=None, help="where Ray keeps the run's checkpoints")
-    parser.add_argument("--name", default="hetero", help="the run's name in --storage")
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="the run's name in --storage: an earlier run's name continues it (default: new)",
+    )
     parser.add_argument("--throttle", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     if args.address is not None:
         ray.init(address=args.address)
     else:  # a local cluster on this machine: one logical CPU per worker
         ray.init(num_cpus=max(int(args.workers.split("-")[-1]), os.cpu_count() or 1))
+    storage = args.storage or os.path.join(tempfile.gettempdir(), "ray_results")
+    name = args.name or time.strftime("hetero-%Y%m%d-%H%M%S")
+    continued = os.path.isdir(os.path.join(storage, name))
+    print(
+        f"run {name} in {storage}: {'continued from its latest checkpoint' if continued else 'new'}"
+        f" (continue it with --name {name})"
+    )
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"epochs": args.epochs, "throttle": args.throttle},
         scaling_config=scaling(args),
         run_config=RunConfig(
-            storage_path=args.storage or os.path.join(tempfile.gettempdir(), "ray_results"),
-            name=args.name,
+            storage_path=storage,
+            name=name,
             failure_config=FailureConfig(max_failures=2),  # restarts resume from a checkpoint
         ),
     )
     result = trainer.fit()
-    sizes = {k: int(v) for k, v in result.metrics.items() if k.startswith("hetero/batch_size/")}
+    report(result.metrics, args.throttle)
+
+
+def report(metrics: dict[str, Any], throttled: bool) -> None:
+    """The last boundary's plan and balance, and what keeps the balance below 1."""
+    workers = sum(name.startswith("hetero/batch_size/") for name in metrics)
+    sizes = [int(metrics[f"hetero/batch_size/rank{k}"]) for k in range(workers)]
+    compute_s = [float(metrics[f"hetero/compute_time/rank{k}"]) for k in range(workers)]
+    print(f"balance {metrics['hetero/balance']:.3f}, val_acc {metrics['val_acc']:.3f}")
+    print(f"final batch sizes {sizes}")
+    costs = throttle_costs(workers) if throttled else [0.0] * workers
+    for k, (b, t, cost) in enumerate(zip(sizes, compute_s, costs)):
+        print(
+            f"  worker {k}: {b} samples in {1e3 * t:.1f} ms per step, of which"
+            f" {1e3 * cost * b:.1f} ms throttle and {1e3 * (t - cost * b):.1f} ms the rest"
+        )
     print(
-        f"balance {result.metrics['hetero/balance']:.3f}, val_acc {result.metrics['val_acc']:.3f}"
+        "  balance = T*/max t_k, T* = B / sum of throughputs: below 1 where a step has a fixed"
+        " cost (the rest above, hardly smaller for fewer samples) that moving samples does not"
+        f" remove; {int(metrics['hetero/adjustments'])} plan change(s) so far"
     )
-    print(f"final batch sizes {[sizes[f'hetero/batch_size/rank{k}'] for k in range(len(sizes))]}")
 
 
 if __name__ == "__main__":

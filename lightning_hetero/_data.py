@@ -141,9 +141,11 @@ def with_batch_sampler(loader: DataLoader, batch_sampler: Sampler[Any]) -> DataL
     streaming views), the loader also resumes inside an epoch from a checkpoint.
     """
     if type(loader) is not DataLoader:
+        kind = type(loader)  # by its qualified name: PyG's, say, is also called DataLoader
         rank_zero_warn(
-            f"HeteroStrategy replaces the training {type(loader).__name__} by a plain"
-            " DataLoader with the same dataset and options."
+            f"hetero: HeteroStrategy replaces the training {kind.__module__}.{kind.__qualname__}"
+            " by a plain torch.utils.data.DataLoader with the same dataset and options (its"
+            " collate_fn included)."
         )
     kind = _ResumableLoader if isinstance(batch_sampler, GlobalBatchSampler) else DataLoader
     return kind(

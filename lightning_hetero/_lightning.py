@@ -10,6 +10,14 @@ upgrade touches this file only.
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from lightning.fabric.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.trainer.states import TrainerFn
@@ -26,9 +34,12 @@ __all__ = [
     "SUBCLASS_ATTRIBUTES",
     "SUPPORTED",
     "check_own_sigterm_only",
+    "chosen_by_trainer",
     "in_training_batch",
     "logging_step",
+    "logs_step_metrics",
     "model_parallel_setup",
+    "name_unused_parameters_fix",
     "request_train_reload",
     "settle_logged_metrics",
 ]
@@ -40,6 +51,8 @@ SUPPORTED = (">=2.4", "<2.7")
 PRIVATE_ATTRIBUTES = (
     ("fit_loop", "_combined_loader"),
     ("", "_logger_connector"),
+    ("_logger_connector", "should_update_logs"),
+    ("fit_loop", "_should_accumulate"),
     ("_logger_connector", "_first_loop_iter"),
     ("fit_loop.epoch_loop", "_broadcast_sigterm_tensor"),
     ("fit_loop.epoch_loop", "_batches_that_stepped"),
@@ -76,14 +89,63 @@ def settle_logged_metrics(trainer: "pl.Trainer") -> None:
     _ = trainer.callback_metrics
 
 
-def logging_step(trainer: "pl.Trainer") -> int:
-    """The step at which Lightning logs what is logged now (``self.log`` in a training step).
+def logging_step(trainer: "pl.Trainer", epoch_end: bool = False) -> int:
+    """The step at which Lightning logs what is logged now: ``self.log`` in a training step,
+    or, with ``epoch_end``, in ``on_train_epoch_end`` (the epoch-level values).
 
     Lightning's loggers count batches that stepped, raised after a batch's
-    ``on_train_batch_end``; ``trainer.global_step`` counts optimizer steps and is already
-    raised there, one ahead.
+    ``on_train_batch_end`` (``trainer.global_step`` counts optimizer steps and is already
+    raised there, one ahead). Epoch-level values are logged after the epoch's last batch
+    raised that count: ``_FitLoop.on_advance_end`` lowers it by one around
+    ``update_train_epoch_metrics``, after every ``on_train_epoch_end`` hook, so that they share
+    the step of the epoch's last batch (and of a validation run after it).
     """
-    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+    stepped = int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+    return stepped - 1 if epoch_end else stepped
+
+
+def logs_step_metrics(trainer: "pl.Trainer") -> bool:
+    """Whether Lightning logs the step-level values of the training batch now ending.
+
+    The test of ``_LoggerConnector.update_train_step_metrics``, run after the batch's
+    ``on_train_batch_end``: every ``log_every_n_steps`` batches that stepped (counted from 1),
+    every batch under ``fast_dev_run``, and never on a batch that only accumulates gradients.
+    """
+    if trainer.fit_loop._should_accumulate() and trainer.lightning_module.automatic_optimization:
+        return False
+    return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
+
+
+def chosen_by_trainer(environment: ClusterEnvironment) -> bool:
+    """Whether the Trainer could have picked ``environment`` itself, for a strategy without one
+    and no environment in ``plugins``: the first of TorchElastic, SLURM, LSF and MPI whose
+    ``detect()`` finds it, else a ``LightningEnvironment``
+    (``_AcceleratorConnector._choose_and_init_cluster_environment``)."""
+    automatic = (
+        TorchElasticEnvironment,
+        SLURMEnvironment,
+        LSFEnvironment,
+        MPIEnvironment,
+        LightningEnvironment,
+    )
+    return type(environment) in automatic and type(environment).detect()
+
+
+def name_unused_parameters_fix(exception: BaseException, strategy: str) -> None:
+    """Make the advice on DDP's unused-parameters error name ``strategy``'s own option.
+
+    ``DDPStrategy.on_exception`` replaces DDP's "Expected to have finished reduction in the
+    prior iteration" error with advice to use ``strategy='ddp_find_unused_parameters_true'``,
+    which would drop the user's strategy for plain DDP.
+    """
+    exception.args = tuple(
+        f"{arg.split(' either by setting')[0].rstrip(',')}: pass"
+        f" `strategy={strategy}(find_unused_parameters=True)` (hetero: the string"
+        " `strategy='ddp_find_unused_parameters_true'` would train with plain DDP instead)."
+        if isinstance(arg, str) and "ddp_find_unused_parameters_true" in arg
+        else arg
+        for arg in exception.args
+    )
 
 
 def request_train_reload(trainer: "pl.Trainer") -> None:

@@ -47,8 +47,8 @@ class StepProbe:
             inside the root's forward).
         to_device: moves a collated batch to the rank's device, as the strategy does.
         schedulers: the learning-rate schedulers, whose state is put back with the rest.
-        emulation: called with each timed step's batch before its backward (an emulated
-            slower device's delay).
+        emulation: called with each timed step's batch and its number of samples before
+            its backward (an emulated slower device's delay).
         extra: called with the module after each timed step's backward (the mode's
             per-step work, e.g. a push's round trip).
         agree: where a step communicates (a sharded model), makes every rank skip a probe
@@ -104,7 +104,7 @@ class StepProbe:
                 )
             if timed:
                 for emulate in self.emulation:
-                    emulate(batch)
+                    emulate(batch, batch_size)
             loss.backward()
             if timed and self.extra is not None:
                 self.extra(module)

@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
-from lightning_hetero._lightning import logging_step, settle_logged_metrics
+from lightning_hetero._lightning import logging_step, logs_step_metrics, settle_logged_metrics
 from lightning_hetero.planning.split import is_count
 from lightning_hetero.replan import Replanner
 
@@ -57,8 +57,9 @@ class HeteroCallback(Callback):
     ``adjust_every`` batches, every rank's report is all-gathered, every rank runs the
     controller (a ``replicable`` one; otherwise rank 0 runs it and broadcasts the plan),
     applies the plan and appends a record to ``strategy.history``), logs records to every
-    attached logger (every epoch boundary; a boundary every N batches when it changed the
-    plan or ``Trainer(log_every_n_steps=...)`` steps have passed since the last one logged):
+    attached logger at Lightning's own step (an epoch boundary at the step of that epoch's
+    ``on_epoch`` values; a boundary every N batches at once when it changed the plan,
+    otherwise on the next batch whose values Lightning logs, ``Trainer(log_every_n_steps=...)``):
     ``hetero/batch_size/rank{k}``, ``hetero/compute_time/rank{k}``,
     ``hetero/wait_time/rank{k}``, ``hetero/throughput/rank{k}``,
     ``hetero/memory_used/rank{k}``, ``hetero/balance``, ``hetero/adjustments`` and, where
@@ -105,7 +106,8 @@ class HeteroCallback(Callback):
         self._restored: dict[str, Any] | None = None
         self._replanner: Replanner | None = None
         self._started = False  # this fit's `on_fit_start` ran
-        self._logged_step: int | None = None  # the global step of the last record logged
+        self._epoch_end = False  # in `on_train_epoch_end`: Lightning logs there one step lower
+        self._pending: dict[str, float] | None = None  # a record not logged yet (see `_log`)
 
     @property
     @override
@@ -128,7 +130,7 @@ class HeteroCallback(Callback):
         replanner = self._replanner_of(trainer)
         replanner.start()
         self._replanner, self._started = replanner, True
-        self._logged_step = None
+        self._pending = None
         replanner.on_record = lambda entry: self._log(trainer, entry)
         if self._restored is not None:
             state, self._restored = self._restored, None
@@ -153,27 +155,32 @@ class HeteroCallback(Callback):
         batch_idx: int,
     ) -> None:
         self._replanner_of(trainer).batch_finished(trainer.current_epoch, trainer.global_step)
+        if self._pending is not None and logs_step_metrics(trainer):
+            metrics, self._pending = self._pending, None
+            self._send(trainer, metrics, logging_step(trainer))
 
     @override
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         replanner = self._replanner_of(trainer)
         settle_logged_metrics(trainer)  # Lightning's metric syncs before any collective of ours
-        replanner.epoch_finished(trainer.current_epoch, trainer.global_step)
+        self._epoch_end = True
+        try:
+            replanner.epoch_finished(trainer.current_epoch, trainer.global_step)
+        finally:
+            self._epoch_end = False
 
     # ---------------------------------------------------------------- logging
     def _log(self, trainer: "pl.Trainer", entry: dict[str, Any]) -> None:
         metrics = self._metrics(trainer, entry)
         # monitorable by ModelCheckpoint, EarlyStopping, ... like anything `self.log` logs
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
-        step = logging_step(trainer)  # where Lightning logs this step's own metrics
-        if (
-            self._replanner_of(trainer).adjust_every != "epoch"
-            and not entry["changed"]
-            and self._logged_step is not None
-            and step - self._logged_step < trainer.log_every_n_steps
-        ):
-            return  # every few batches: as often as Lightning logs, and every change
-        self._logged_step = step
+        if self._epoch_end or entry["changed"]:
+            self._pending = None  # these values are newer
+            self._send(trainer, metrics, logging_step(trainer, epoch_end=self._epoch_end))
+        else:  # a boundary every N batches: on the next row Lightning logs, with its values
+            self._pending = metrics
+
+    def _send(self, trainer: "pl.Trainer", metrics: dict[str, float], step: int) -> None:
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         if not self._layout_added:  # with the first metrics: it charts only what is logged

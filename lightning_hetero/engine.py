@@ -31,6 +31,7 @@ from lightning_hetero._data import (
 from lightning_hetero._lightning import (
     check_own_sigterm_only,
     in_training_batch,
+    name_unused_parameters_fix,
     request_train_reload,
 )
 from lightning_hetero._probes import StepProbe, check_probe_options
@@ -44,6 +45,7 @@ from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
 from lightning_hetero.planning.dual import DualBatchPlan
 from lightning_hetero.replan import Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
+from lightning_hetero.streaming import set_rank_variables
 
 __all__ = ["HeteroEngine", "HeteroOptions", "hetero_parts"]
 
@@ -259,6 +261,10 @@ class HeteroEngine:
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
+        if self.world_size > 1:  # what data libraries read (MosaicML's streaming): see there
+            set_rank_variables(
+                self.global_rank, self.world_size, self.local_rank, self.num_processes
+            )
         destroy_at_exit()
         self._check_process_group()
         self.context = self._make_context()
@@ -350,7 +356,7 @@ class HeteroEngine:
         """Probe (``max_batch_size="auto"``, the mode's own) and make the first plan."""
         trainer = self.lightning_module.trainer
         emulation = [
-            lambda batch, cb=cb: cb.emulate_step(trainer, batch)
+            lambda batch, samples, cb=cb: cb.emulate_step(trainer, batch, samples)
             for cb in trainer.callbacks
             if isinstance(cb, Throttle)
         ]
@@ -424,6 +430,12 @@ class HeteroEngine:
         refuse_several_training_loaders(self.lightning_module.trainer)
         self._context().optimizers = self.optimizers  # as Lightning holds them now
         self.training_mode.on_train_start()
+
+    def step_samples(self, batch_idx: int) -> int | None:
+        """The samples the plan gives this rank in step ``batch_idx`` of the epoch (``b_k``);
+        ``None`` where the mode's sampler does not lay out steps (``"async"``, ``"local"``)."""
+        layout = self.training_mode.step_layout(batch_idx)
+        return None if layout is None else layout[0]
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -521,6 +533,7 @@ class HeteroEngine:
     def on_exception(self, exception: BaseException) -> None:
         self.training_mode.on_exception(exception)
         super().on_exception(exception)
+        name_unused_parameters_fix(exception, type(self).__name__)
 
     @override
     def teardown(self) -> None:

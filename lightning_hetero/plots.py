@@ -75,7 +75,9 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
     Each row with a ``hetero/batch_size/rank{k}`` value (logged by
     :class:`~lightning_hetero.HeteroCallback` at a boundary) becomes one entry with
-    ``step``, ``batch_sizes``, ``compute_times``, ``wait_times``, ``balance``,
+    ``step`` (the logger's: Lightning's logging step, one below the history's
+    ``trainer.global_step`` after a training batch), ``batch_sizes``, ``compute_times``,
+    ``wait_times``, ``balance``,
     ``step_time`` (``hetero/step_time``: the measured mean wall time of a step, in seconds)
     and ``reverted`` (whether the running count ``hetero/reverts`` grew since the previous
     boundary row: the guard undid a plan change there); the ranks come from the column

@@ -19,6 +19,7 @@ Both views are plain map-style datasets (no Lightning here); use them as::
 """
 
 import itertools
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -26,7 +27,40 @@ from torch.utils.data import Dataset
 
 from lightning_hetero.sampler import ChunkedPermutation, EpochPermutation
 
-__all__ = ["ChunkedDataset", "StreamSlice", "StreamingView", "chunk_sizes_of", "reads_by_index"]
+__all__ = [
+    "ChunkedDataset",
+    "StreamSlice",
+    "StreamingView",
+    "chunk_sizes_of",
+    "reads_by_index",
+    "set_rank_variables",
+]
+
+
+def set_rank_variables(
+    rank: int, world_size: int, local_rank: int, local_world_size: int
+) -> dict[str, str]:
+    """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` in this process's
+    environment where the launcher left them unset, as ``torchrun`` sets them; returns those
+    it set.
+
+    MosaicML's ``StreamingDataset`` reads all four when it is built and defaults a missing
+    one to a single process: Lightning's own launcher sets ``WORLD_SIZE`` and
+    ``LOCAL_RANK`` but neither ``RANK`` nor ``LOCAL_WORLD_SIZE``, so every rank took itself
+    for rank 0 of one process per node, and ranks on one node failed on each other's
+    shared memory (``FileExistsError: '/000000_locals'``). The strategies call this when
+    they set up a run of several processes, before the training data is loaded; a
+    variable already set (torchrun, Ray Train, your own) is kept.
+    """
+    wanted = {
+        "RANK": rank,
+        "WORLD_SIZE": world_size,
+        "LOCAL_RANK": local_rank,
+        "LOCAL_WORLD_SIZE": local_world_size,
+    }
+    missing = {name: str(value) for name, value in wanted.items() if name not in os.environ}
+    os.environ.update(missing)
+    return missing
 
 
 def chunk_sizes_of(dataset: object) -> list[int] | None:

@@ -281,29 +281,3 @@ def test_a_checkpoint_written_by_the_previous_release_resumes(tmp_path):
     callback = next(cb for cb in trainer.callbacks if isinstance(cb, HeteroCallback))
     state = callback.state_dict()
     assert state["batches"] == saved["batches"] + 4 and state["version"] == STATE_VERSION
-
-
-def test_boundaries_every_few_batches_are_logged_as_often_as_lightning_logs(tmp_path):
-    """adjust_every=1 with log_every_n_steps=5: one record in 5 reaches the logger (a plan
-    change would always be logged; one rank never changes it), every epoch boundary would."""
-    from lightning.pytorch.loggers import CSVLogger
-
-    strategy = HeteroStrategy(adjust_every=1)
-    trainer = pl.Trainer(
-        strategy=strategy,
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        limit_train_batches=20,
-        limit_val_batches=0,
-        log_every_n_steps=5,
-        logger=CSVLogger(tmp_path),
-    )
-    trainer.fit(BoringModel())
-    assert len(strategy.history) == 20
-    assert not any(entry["changed"] for entry in strategy.history)
-    rows = (Path(trainer.logger.log_dir) / "metrics.csv").read_text().splitlines()
-    header = rows[0].split(",")
-    column = header.index("hetero/balance")
-    logged = [row for row in rows[1:] if row.split(",")[column]]
-    assert len(logged) == 4  # steps 1, 6, 11, 16

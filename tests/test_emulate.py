@@ -210,3 +210,69 @@ def test_every_delay_gets_its_own_noise_factor(monkeypatch):
     first, second = twin.noise_factor(1), twin.noise_factor(1)
     assert per_hook["on_train_batch_start"] == [pytest.approx(0.1 * first)]
     assert per_hook["on_before_backward"] == [pytest.approx(2.0 * second)]
+
+
+def _graph_batches(samples):
+    """Graph-like batches (a PyG ``Batch`` keeps ``edge_index``, 2 x edges, before its node
+    features): Lightning's ``extract_batch_size`` reads 2 from each."""
+    from torch.utils.data import DataLoader
+
+    def collate(rows):
+        x = torch.stack(rows)
+        return {"edge_index": torch.zeros(2, 3 * len(rows), dtype=torch.long), "x": x}
+
+    return DataLoader(list(torch.randn(samples, 32)), batch_size=8, collate_fn=collate)
+
+
+def test_the_delay_counts_the_samples_the_plan_gives_the_rank(monkeypatch, tmp_path):
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.utilities.data import extract_batch_size
+
+    from lightning_hetero import HeteroStrategy
+
+    class Graphs(BoringModel):
+        def training_step(self, batch, batch_idx):
+            return super().training_step(batch["x"], batch_idx)
+
+        def train_dataloader(self):
+            return _graph_batches(20)  # steps of 8, 8 and the last 4
+
+    sizes = []
+    delays = []
+    real_delay = Throttle.delay_s
+
+    def delay_s(self, rank, when, batch_size):
+        sizes.append(batch_size)
+        return real_delay(self, rank, when, batch_size)
+
+    monkeypatch.setattr(Throttle, "delay_s", delay_s)
+    monkeypatch.setattr(Throttle, "_sleep", staticmethod(delays.append))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=HeteroStrategy(),
+        callbacks=[Throttle([0.001])],
+        max_epochs=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    batch = next(iter(_graph_batches(8)))
+    assert extract_batch_size(batch) == 2  # what the throttle used to count
+    trainer.fit(Graphs())
+    assert sizes == [8, 8, 8, 8, 4, 4]  # (load, compute) per step
+    assert sum(delays) == pytest.approx(0.001 * 20)
+
+
+def test_emulate_step_counts_the_samples_it_is_given(monkeypatch):
+    slept = _record_sleeps(monkeypatch)
+    batch = next(iter(_graph_batches(8)))
+    Throttle([0.1]).emulate_step(_trainer(world_size=1), batch, samples=8)
+    assert sum(slept) == pytest.approx(0.8)
+    slept.clear()
+    Throttle([0.1]).emulate_step(_trainer(world_size=1), torch.zeros(5, 3))  # from the batch
+    assert sum(slept) == pytest.approx(0.5)

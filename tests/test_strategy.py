@@ -521,3 +521,36 @@ def test_metrics_are_logged_at_lightnings_step_and_are_in_callback_metrics(tmp_p
     last = trainer.strategy.history[-1]
     assert trainer.callback_metrics["hetero/balance"].item() == pytest.approx(last["balance"])
     assert trainer.callback_metrics["hetero/batch_size/rank0"].item() == 4
+
+
+class DataLoader2(DataLoader):
+    """A loader class of another library, named DataLoader there too (PyG's, say)."""
+
+
+DataLoader2.__qualname__ = DataLoader2.__name__ = "DataLoader"
+DataLoader2.__module__ = "torch_geometric.loader.dataloader"
+
+
+def test_a_replaced_loader_is_named_by_its_qualified_name():
+    with pytest.warns(
+        UserWarning,
+        match=r"^hetero: HeteroStrategy replaces the training"
+        r" torch_geometric\.loader\.dataloader\.DataLoader"
+        r" by a plain torch\.utils\.data\.DataLoader",
+    ):
+        _fit(
+            lambda: DataLoader2(RandomDataset(32, 16), batch_size=4),
+            trainer_options={"max_epochs": 1},
+        )
+
+
+def test_ddps_unused_parameters_error_names_the_hetero_option():
+    """Lightning's advice (`strategy='ddp_find_unused_parameters_true'`) would drop hetero."""
+    error = RuntimeError(
+        "Expected to have finished reduction in the prior iteration before starting a new one."
+    )
+    HeteroStrategy().on_exception(error)
+    (message,) = error.args
+    assert message.startswith("It looks like your LightningModule has parameters that were")
+    assert "pass `strategy=HeteroStrategy(find_unused_parameters=True)`" in message
+    assert "would train with plain DDP instead" in message

@@ -302,3 +302,20 @@ def test_litdata_streaming_dataset_through_the_view(litdata_dir):
             assert torch.equal(batch["x"][:, 0].long(), batch["index"])
             used += batch["index"].tolist()
     assert sorted(used) == list(range(50))
+
+
+def test_rank_variables_are_set_where_the_launcher_left_them_unset(monkeypatch):
+    from lightning_hetero.streaming import set_rank_variables
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    # Lightning's launcher sets these two (torchrun, Ray Train: all four)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    got = set_rank_variables(rank=3, world_size=4, local_rank=1, local_world_size=2)
+    assert got == {"RANK": "3", "LOCAL_WORLD_SIZE": "2"}
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # one of the user's own is kept
+    assert set_rank_variables(rank=3, world_size=4, local_rank=1, local_world_size=2) == {}
+    import os
+
+    assert os.environ["LOCAL_WORLD_SIZE"] == "8" and os.environ["RANK"] == "3"

@@ -46,9 +46,11 @@ except ImportError as error:
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
+from lightning_hetero._lightning import chosen_by_trainer
 from lightning_hetero._namespaces import PYTORCH_LIGHTNING, SameCopy, namespace_of
 from lightning_hetero.callback import HeteroCallback
 from lightning_hetero.fsdp import HeteroFSDPStrategy
@@ -79,6 +81,32 @@ def _other_copy(name: str, what: str) -> TypeError:
 class _OnRay:
     """What both Ray strategies add: Ray's device, sampler arguments and environment, Ray's
     Lightning copy, and Ray's report callback after the epoch's re-planning."""
+
+    def _refuse_environment(self, environment: Any) -> None:
+        """Refuse a cluster environment given to the strategy that is not Ray's."""
+        if environment is not None and not isinstance(environment, RayLightningEnvironment):
+            raise ValueError(
+                f"{type(self).__name__} runs on the workers Ray Train starts and ranks, so it"
+                f" needs Ray's cluster environment, got {type(environment).__name__}. Leave"
+                " `cluster_environment` out, or give"
+                " `plugins=[ray.train.lightning.RayLightningEnvironment()]` as Ray's guide does."
+            )
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment | None:
+        """Ray's ``RayLightningEnvironment``: the one given (Ray's guide passes it in the
+        Trainer's ``plugins``), else a new one."""
+        return self._ray_environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, environment: ClusterEnvironment | None) -> None:
+        # None until the Trainer assigns one, so that Ray's guide line (the environment in
+        # `plugins`) does not set it twice; where the user gave none, the Trainer assigns what
+        # it detects (a LightningEnvironment, say), which does not know Ray's ranks
+        if environment is not None and chosen_by_trainer(environment):
+            environment = RayLightningEnvironment()
+        self._refuse_environment(environment)
+        self._ray_environment = environment
 
     @property
     def root_device(self) -> torch.device:
@@ -142,8 +170,9 @@ class RayHeteroStrategy(_OnRay, HeteroStrategy, RayDDPStrategy):
     under torchrun. Ray Train creates the process group before Lightning starts, so the
     backend and its timeout belong to ``TorchTrainer(torch_config=TorchConfig(backend=...,
     timeout_s=...))``; ``timeout`` here should equal ``timeout_s`` (both default to 30 min):
-    it is the time errors name. The cluster environment defaults to Ray's
-    ``RayLightningEnvironment``; the device is the one Ray assigned to the worker.
+    it is the time errors name. The cluster environment is Ray's ``RayLightningEnvironment``:
+    the one in ``Trainer(plugins=[...])`` (Ray's guide line works unchanged), else a new one;
+    another is refused by name. The device is the one Ray assigned to the worker.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -155,9 +184,8 @@ class RayHeteroStrategy(_OnRay, HeteroStrategy, RayDDPStrategy):
                     " backend with TorchTrainer(torch_config=TorchConfig(backend=...)) and"
                     f" leave {name} out."
                 )
+        self._refuse_environment(kwargs.get("cluster_environment"))
         super().__init__(*args, **kwargs)
-        if self.cluster_environment is None:
-            self.cluster_environment = RayLightningEnvironment()
 
 
 class RayHeteroFSDPStrategy(_OnRay, HeteroFSDPStrategy):
@@ -178,8 +206,6 @@ class RayHeteroFSDPStrategy(_OnRay, HeteroFSDPStrategy):
                 " Choose the backend with TorchTrainer(torch_config=TorchConfig(backend=...))."
             )
         super().__init__(*args, **kwargs)
-        if self.cluster_environment is None:
-            self.cluster_environment = RayLightningEnvironment()
 
     @override
     def setup_environment(self) -> None:

@@ -135,8 +135,8 @@ class LearnedMaximum:
         ]
         if sum(upper) < limits.global_batch_size:
             warnings.warn(
-                f"The learned maximum batch sizes {self.learned_max} leave no room for the global"
-                f" batch {limits.global_batch_size}; forgetting them.",
+                f"hetero: The learned maximum batch sizes {self.learned_max} leave no room for"
+                f" the global batch {limits.global_batch_size}; forgetting them.",
                 stacklevel=3,
             )
             self.learned_max = [None] * world_size
@@ -168,7 +168,7 @@ class LearnedMaximum:
                 self.learned_max[k] = size
                 self.learned_expires_in[k] = self.relearn_after
                 warnings.warn(
-                    f"Rank {k}'s batch size is capped at {size}: its throughput fell from"
+                    f"hetero: Rank {k}'s batch size is capped at {size}: its throughput fell from"
                     f" {candidate['throughput']:.1f} samples/s at batch size {size} to"
                     f" {candidate['dropped_to']:.1f} at {candidate['grown_to']}, and was"
                     f" {throughput[k]:.1f} at {current[k]} at a later boundary. The cap is"
@@ -391,7 +391,7 @@ class ProportionalController(LearnedMaximum, Controller):
                 if _at_floor(current[k], compute_s[k], candidate):
                     self.learned_min[k], self.floor_expires_in[k] = size, self.relearn_after
                     warnings.warn(
-                        f"Rank {k}'s step time hardly falls with its batch:"
+                        f"hetero: Rank {k}'s step time hardly falls with its batch:"
                         f" {candidate['time_s']:.4g} s at {size} samples, {compute_s[k]:.4g} s"
                         f" at {current[k]}. A per-step floor, which fewer samples do not lower:"
                         f" keeping at least {size}"

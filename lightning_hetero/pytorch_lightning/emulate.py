@@ -43,6 +43,10 @@ def _per_rank(name: str, value: Any) -> float | list[float]:
 class Throttle(Callback):
     """Make rank ``k`` slower by ``sample_cost[k]`` seconds per sample of its batch.
 
+    A batch's samples are those the plan gives the rank in that step under
+    :class:`~lightning_hetero.HeteroStrategy` (its ``b_k``), and what Lightning's
+    ``extract_batch_size`` reads from the batch under any other strategy.
+
     The delay is added after the forward pass and before backward, so it counts as
     compute time (before the gradients are ready), exactly as a slower device would.
     Works with any strategy, which makes it the way to compare plain DDP with
@@ -198,7 +202,7 @@ class Throttle(Callback):
     def on_train_batch_start(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int
     ) -> None:
-        self._batch_size = extract_batch_size(batch)
+        self._batch_size = self._samples(trainer, batch, batch_idx)
         self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, self._batch_size)[0]))
 
     @override
@@ -207,13 +211,24 @@ class Throttle(Callback):
     ) -> None:
         self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, self._batch_size)[1]))
 
-    def emulate_step(self, trainer: "pl.Trainer", batch: Any) -> None:
-        """Sleep what a step on ``batch`` costs this rank now, loading included: what a
-        probe that times training steps outside the loop adds to each, as the loop's hooks
-        would."""
+    def emulate_step(self, trainer: "pl.Trainer", batch: Any, samples: int | None = None) -> None:
+        """Sleep what a step on ``batch`` of ``samples`` samples (default: as Lightning reads
+        the batch) costs this rank now, loading included: what a probe that times training
+        steps outside the loop adds to each, as the loop's hooks would."""
         rank = trainer.global_rank
-        load_s, compute_s = self._delays(trainer, extract_batch_size(batch))
+        samples = extract_batch_size(batch) if samples is None else samples
+        load_s, compute_s = self._delays(trainer, samples)
         self._sleep(self._noisy(rank, load_s) + self._noisy(rank, compute_s))
+
+    @staticmethod
+    def _samples(trainer: "pl.Trainer", batch: Any, batch_idx: int) -> int:
+        """This rank's samples in the step: what the strategy's plan gives it (``b_k``), else
+        (another strategy, a mode without a step layout) what Lightning reads from the batch,
+        which counts a tensor's first dimension and can miss (2 in a PyG ``Batch``: its
+        ``edge_index``)."""
+        planned = getattr(getattr(trainer, "strategy", None), "step_samples", None)
+        samples = planned(batch_idx) if callable(planned) else None
+        return extract_batch_size(batch) if samples is None else samples
 
     def _delays(self, trainer: "pl.Trainer", batch_size: int) -> tuple[float, float]:
         when = trainer.current_epoch if self.unit == "epoch" else trainer.global_step

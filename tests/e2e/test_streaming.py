@@ -100,3 +100,19 @@ def test_streaming_view_trains_exactly_and_resumes_inside_an_epoch(data, tmp_pat
     assert sorted(again) == [(0, s) for s in range(4, STEPS)] + [(1, s) for s in range(STEPS)]
     assert all(again[key] == steps[key] for key in again)
     _assert_weights(resumed["weights"], _sgd(expected))
+
+
+def test_a_dataset_built_in_train_dataloader_sees_each_ranks_variables(tmp_path):
+    """MosaicML's StreamingDataset reads RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE
+    when built; Lightning's launcher sets neither RANK nor LOCAL_WORLD_SIZE, so the strategy
+    does. Its reads by index still cover every sample once per epoch."""
+    out = tmp_path / "env.json"
+    run_script("rank_env_program.py", str(out), timeout=240)
+    rows = json.loads(out.read_text())
+    assert [row["env"] for row in rows] == [
+        {"RANK": str(k), "WORLD_SIZE": "2", "LOCAL_RANK": str(k), "LOCAL_WORLD_SIZE": "2"}
+        for k in range(2)
+    ]
+    for epoch in range(2):
+        samples = [i for row in rows for e, *batch in row["seen"] if e == epoch for i in batch]
+        assert sorted(samples) == list(range(40)), epoch

@@ -160,7 +160,7 @@ def test_invalid_deadband_or_throughput_drop_raises(kwargs: dict[str, float]) ->
 
 # --- learned maximums on made-up timings -------------------------------------------------------
 
-CAPPED = "Rank 1's batch size is capped at 100"
+CAPPED = "^hetero: Rank 1's batch size is capped at 100"
 
 
 def grow_rank_one_with_a_drop(controller: ProportionalController, limits: BatchLimits) -> None:
@@ -305,7 +305,7 @@ def test_learning_can_be_switched_off() -> None:
 def test_learned_maxima_leaving_no_room_are_forgotten_with_warning() -> None:
     controller = ProportionalController()
     controller.load_state_dict({"learned_max": [30, 30]})
-    with pytest.warns(UserWarning, match="forgetting them"):
+    with pytest.warns(UserWarning, match="^hetero: The learned maximum .* forgetting them"):
         plan = controller.update([50, 50], [1.0, 1.0], BatchLimits.build(2, 100))
     assert plan == [50, 50]
     assert controller.learned_max == [None, None]
@@ -321,7 +321,7 @@ def test_invalid_relearn_after_raises(relearn_after: object) -> None:
 # --- state -------------------------------------------------------------------------------------
 
 
-@pytest.mark.filterwarnings("ignore:Rank 3's batch size is capped")
+@pytest.mark.filterwarnings("ignore:hetero. Rank 3's batch size is capped")
 def test_state_dict_is_plain_data() -> None:
     controller = ProportionalController()
     memory_capped_hl8(100).run(controller, UNIFORM, BatchLimits.build(4, GLOBAL_BATCH), 4)
@@ -331,7 +331,7 @@ def test_state_dict_is_plain_data() -> None:
     assert state["learned_expires_in"] == [None, None, None, 9]
 
 
-@pytest.mark.filterwarnings("ignore:Rank 3's batch size is capped")
+@pytest.mark.filterwarnings("ignore:hetero. Rank 3's batch size is capped")
 def test_state_round_trip_gives_identical_subsequent_plans() -> None:
     limits = BatchLimits.build(4, GLOBAL_BATCH)
     original = ProportionalController()
@@ -664,7 +664,7 @@ def test_a_rank_whose_time_does_not_fall_with_its_batch_twice_keeps_the_size_bef
         warnings.simplefilter("error")  # one reading: only a candidate
         plan = ctl.update([90, 38], [0.90, 1.5], limits)
     assert plan[1] < 38 and ctl.learned_min == [None, None]
-    with pytest.warns(UserWarning, match=r"Rank 1's step time hardly falls.*at 64 samples"):
+    with pytest.warns(UserWarning, match=r"^hetero: Rank 1.s step time hardly falls.*at 64"):
         plan = ctl.update(plan, [plan[0] / 100, 1.5], limits)
     assert plan == [64, 64] and ctl.learned_min == [None, 64]
     assert ctl.update([64, 64], [0.64, 1.5], limits) == [64, 64]  # held at its minimum

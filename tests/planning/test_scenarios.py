@@ -315,8 +315,8 @@ def test_matrix_covers_every_controller_on_every_scenario() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Rank .* is the straggler")
-@pytest.mark.filterwarnings("ignore:Rank .*'s batch size is capped")
-@pytest.mark.filterwarnings("ignore:Rank .*'s step time hardly falls")
+@pytest.mark.filterwarnings("ignore:hetero. Rank .*'s batch size is capped")
+@pytest.mark.filterwarnings("ignore:hetero. Rank .*'s step time hardly falls")
 @pytest.mark.parametrize(
     ("controller", "scenario"), list(EXPECTED), ids=[f"{c}-{s}" for c, s in EXPECTED]
 )

@@ -2,6 +2,7 @@
 
 import ast
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,11 @@ from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
-from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.fabric.plugins.environments import (
+    KubeflowEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+)
 from ray.train.lightning import RayDDPStrategy, RayFSDPStrategy, RayLightningEnvironment
 from ray.train.lightning import prepare_trainer as ray_prepare_trainer
 
@@ -34,7 +39,14 @@ def test_the_strategies_are_rays_and_bring_rays_environment() -> None:
     assert isinstance(ddp, RayDDPStrategy) and isinstance(ddp, HeteroStrategy)
     assert isinstance(fsdp, HeteroFSDPStrategy)
     for strategy in (ddp, fsdp):
-        assert isinstance(strategy.cluster_environment, RayLightningEnvironment)
+        # none until the Trainer gives one: Ray's guide gives it in `plugins`
+        assert strategy.cluster_environment is None
+        given = RayLightningEnvironment()
+        strategy.cluster_environment = given  # as the Trainer does with `plugins`
+        assert strategy.cluster_environment is given
+        # with no `plugins` the Trainer gives what it detects: Ray's instead
+        strategy.cluster_environment = LightningEnvironment()
+        assert type(strategy.cluster_environment) is RayLightningEnvironment
         # Ray checks the trainer's strategy only (a Trainer with Ray's environment can be built
         # in Ray's workers only)
         trainer = SimpleNamespace(strategy=strategy)
@@ -48,7 +60,8 @@ def test_the_fsdp2_strategy_is_no_ray_fsdp1_strategy_for_anyone_else() -> None:
     assert not isinstance(fsdp, RayFSDPStrategy)
     with pytest.raises(RuntimeError, match="Invalid strategy class"):
         ray_prepare_trainer(SimpleNamespace(strategy=fsdp))
-    fsdp.cluster_environment = LightningEnvironment()
+    # the setter refuses or replaces any other environment; Ray's own check stays in ours
+    fsdp._ray_environment = LightningEnvironment()
     with pytest.raises(RuntimeError, match=r"RayLightningEnvironment.*LightningEnvironment"):
         prepare_trainer(SimpleNamespace(strategy=fsdp))
 
@@ -83,6 +96,17 @@ def test_a_plain_strategy_is_refused_with_the_ray_class_to_use(strategy, use) ->
         ray_prepare_trainer(trainer)
 
 
+def test_an_environment_that_is_not_rays_is_refused_by_name(monkeypatch) -> None:
+    with pytest.raises(ValueError, match=r"RayHeteroStrategy.*got SLURMEnvironment.*plugins"):
+        RayHeteroStrategy(cluster_environment=SLURMEnvironment())
+    # in `plugins`: one the Trainer would not pick itself (not detected here)
+    monkeypatch.delenv("KUBERNETES_PORT", raising=False)
+    for strategy in (RayHeteroStrategy(), RayHeteroFSDPStrategy()):
+        name = type(strategy).__name__
+        with pytest.raises(ValueError, match=rf"{name}.*got KubeflowEnvironment"):
+            pl.Trainer(strategy=strategy, plugins=[KubeflowEnvironment()], logger=False)
+
+
 def test_options_that_ray_owns_are_refused_with_where_they_go() -> None:
     with pytest.raises(ValueError, match=r"process_group_backend='nccl'.*TorchConfig\(backend"):
         RayHeteroStrategy(process_group_backend="nccl")
@@ -111,18 +135,44 @@ def test_modes_with_a_side_channel_need_the_jobs_main_address(monkeypatch) -> No
     RayHeteroStrategy(mode="bsp")._check_side_channel()  # BSP needs only the process group
 
 
-def test_the_example_trains_on_the_running_cluster(ray_cluster, tmp_path) -> None:
-    address = ray_cluster.get_runtime_context().gcs_address
+def _run_example(address: str, storage: Path, *args: str) -> str:
     proc = subprocess.run(
         [sys.executable, str(EXAMPLE), "--address", address, "--epochs", "1"]
-        + ["--storage", str(tmp_path)],
+        + ["--storage", str(storage), *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,  # a start of Ray's worker group took minutes on a loaded machine
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
-        cwd=tmp_path,
+        cwd=storage,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(row for row in proc.stdout.splitlines() if row.startswith("final batch sizes"))
+    return proc.stdout
+
+
+def test_the_example_trains_on_the_running_cluster(ray_cluster, tmp_path) -> None:
+    address = ray_cluster.get_runtime_context().gcs_address
+    out = _run_example(address, tmp_path)
+    line = next(row for row in out.splitlines() if row.startswith("final batch sizes"))
     sizes = [int(s) for s in line.split("[")[1].rstrip("]").split(",")]
     assert len(sizes) == 2 and sum(sizes) == 64  # the example's global batch
+    assert "of which 0.0 ms throttle" in out and "balance = T*/max t_k" in out  # explained
+    # each run is new unless named: an earlier one is not silently continued
+    name = next(r for r in out.splitlines() if r.startswith("run ")).split()[1]
+    assert f"run {name} in {tmp_path}: new" in out
+    again = _run_example(address, tmp_path, "--name", name)
+    assert f"run {name} in {tmp_path}: continued from its latest checkpoint" in again
+
+
+def test_rays_guide_program_trains_with_only_the_strategy_swapped(ray_cluster, tmp_path) -> None:
+    from tests.ray import workloads
+    from tests.ray.conftest import fit_on_ray
+
+    fit_on_ray(workloads.guide_program, {"out": str(tmp_path), "epochs": 2}, 2, tmp_path / "s")
+    runs = json.loads((tmp_path / "guide.json").read_text())
+    with_plugin, without = runs
+    assert with_plugin["type"] == without["type"] == "RayLightningEnvironment"
+    assert with_plugin["given"]  # the guide's own instance
+    for run in runs:
+        assert run["world_size"] == 2 and sum(run["batch_sizes"]) == 32  # 2 x 16
+        assert run["global_step"] == 2 * 256 // 32  # 2 epochs of the whole data set
+        assert run["loss"] < 1.0

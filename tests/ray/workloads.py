@@ -193,3 +193,45 @@ def train_modes(config: dict[str, Any]) -> None:
             strategy, max_epochs=config["epochs"], callbacks=[_throttle(world), Record(path)]
         )
         trainer.fit(Classifier())
+
+
+def guide_program(config: dict[str, Any]) -> None:
+    """Ray Train's Lightning guide (``train_func`` of "Get Started with Distributed Training
+    using PyTorch Lightning") with ``RayDDPStrategy()`` swapped for ``RayHeteroStrategy()`` and
+    nothing else: the environment in ``plugins``, Ray's report callback and Ray's
+    ``prepare_trainer``. The guide's FashionMNIST and CNN need torchvision and a download:
+    :func:`blobs` and :class:`Classifier` stand in. Then the same line without ``plugins``."""
+    import ray.train.lightning
+
+    from lightning_hetero.integrations.ray import RayHeteroStrategy
+
+    torch.set_num_threads(1)
+    environments = []
+    for plugins in ([ray.train.lightning.RayLightningEnvironment()], []):
+        train_dataloader = DataLoader(blobs(256, seed=1), batch_size=16, shuffle=True)
+        model = Classifier()
+        trainer = pl.Trainer(
+            max_epochs=config["epochs"],
+            devices="auto",
+            accelerator="auto",
+            strategy=RayHeteroStrategy(),  # the guide: ray.train.lightning.RayDDPStrategy()
+            plugins=plugins,
+            callbacks=[ray.train.lightning.RayTrainReportCallback()],
+            enable_checkpointing=False,
+        )
+        trainer = ray.train.lightning.prepare_trainer(trainer)
+        trainer.fit(model, train_dataloaders=train_dataloader)
+        environment = trainer.strategy.cluster_environment
+        environments.append(
+            {
+                "type": type(environment).__name__,
+                "given": bool(plugins) and environment is plugins[0],
+                "world_size": trainer.world_size,
+                "global_step": trainer.global_step,
+                "batch_sizes": list(trainer.strategy.batch_sizes),
+                "loss": float(trainer.callback_metrics["loss"]),
+            }
+        )
+    if trainer.global_rank == 0:
+        with open(os.path.join(config["out"], "guide.json"), "w") as file:
+            json.dump(environments, file)
