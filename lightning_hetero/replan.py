@@ -1,8 +1,9 @@
 """The re-planner: measure each rank, decide one plan, apply it everywhere, keep the history.
 
 One :class:`Replanner` belongs to each strategy. It folds every training step's timings into
-an EWMA; at a boundary (an epoch end, every ``adjust_every`` batches, or when a mode calls
-its ``replan``, e.g. at each local-SGD merge) it all-gathers one :class:`RankReport` per
+robust per-rank statistics (:class:`~lightning_hetero.planning.TimingSmoother`); at a
+boundary (an epoch end, every ``adjust_every`` batches, or when a mode calls its
+``replan``, e.g. at each local-SGD merge) it all-gathers one :class:`RankReport` per
 rank, runs the controller on rank 0, broadcasts the plan, applies it through the mode and
 records a history entry. No Lightning here: the callback feeds it Lightning's hooks and
 logs what it records.
@@ -108,7 +109,8 @@ class Replanner:
     Args:
         training_mode: the training mode; its ``controller`` decides the next plan from the
             reports.
-        smoothing: EWMA factor of step times.
+        smoothing: the strategy's ``smoothing`` option (no effect: timings are medians of
+            every step since the last change, see :class:`TimingSmoother`).
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         guard: checks each plan change against the measured step time and reverts one that
             made steps slower (lock-step modes; ``None``: changes are kept unchecked).
@@ -135,7 +137,7 @@ class Replanner:
         #: Training batches since the epoch started, or this fit resumed inside it: Lightning
         #: runs the same batches on every rank, so every rank holds the same count.
         self._epoch_batches = 0
-        self._smoother = TimingSmoother(smoothing)
+        self._smoother = TimingSmoother()
         self._meter: ResourceMeter | None = None
         self._identities: list[RankIdentity] = []
         self._samples_per_s: list[float] = []  # per rank, at the last boundary
@@ -177,7 +179,7 @@ class Replanner:
     def start(self) -> None:
         """A fit starts: fresh smoothing and meter, every rank's host and local rank."""
         ctx = self.ctx
-        self._smoother = TimingSmoother(self.smoothing)
+        self._smoother = TimingSmoother()
         self._meter = ResourceMeter(ctx.device)
         self._epoch_batches = 0  # a resume inside an epoch gets no `epoch_started`
         with ctx.comm.guarded("the gather of host names"):
@@ -227,6 +229,7 @@ class Replanner:
         """This rank's report for the boundary now."""
         self._collect()
         s = self._smoother
+        s.mark()
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
         drawn = self.training_mode.drawn_steps()
         check = plan_checksum(self.ctx.plan_state.batch_sizes)
@@ -305,9 +308,13 @@ class Replanner:
                 new_plan = self._checked(decided)  # not in the guard: the broadcast worked
             if back is not None:
                 new_plan, entry["reverted"] = back, True
+                self.controller.plan_imposed(back)  # its bounds must not force `plan` again
+                before = self.guard.baseline if self.guard is not None else None
+                was = f", {before.step_s:.4g} s under {back} before" if before else ""
                 rank_zero_info(
-                    f"hetero: the plan {plan} made steps slower ({entry['step_time']:.4g} s)"
-                    f" than {back} before it; going back to {back}."
+                    f"hetero: steps took {entry['step_time']:.4g} s under {plan}{was}; going"
+                    f" back to {back}. (The step-time guard, `revert_slower`, reverts a"
+                    " change measured slower, whatever slowed it.)"
                 )
             elif self._guard_in_force is not None:
                 new_plan = self._guard_in_force.propose(plan, new_plan)
