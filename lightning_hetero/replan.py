@@ -143,6 +143,7 @@ class Replanner:
         self._samples_per_s: list[float] = []  # per rank, at the last boundary
         self._measured_batch_sizes: list[int] = []  # the batches those were measured on
         self._warned_minimum: set[int] = set()
+        self._model_key: tuple[int, ...] | None = None  # see `_model_changed`
 
     @property
     def controller(self) -> Controller:
@@ -298,6 +299,14 @@ class Replanner:
             )
         else:
             entry["balance"] = balance_efficiency(plan, compute_s)
+            if self._model_changed() and self._guard_in_force is not None:
+                self._guard_in_force.restart()
+                rank_zero_info(
+                    "hetero: the trainable parameters or the optimizer's parameter groups"
+                    f" changed (steps now take {entry['step_time']:.4g} s under {plan}): that"
+                    " step time is the new reference, and no plan is judged against the times"
+                    " before."
+                )
             back = self._review(plan, got["step_s"], got["step_se"], min(got["step_n"]))
             if self.controller.replicable:  # every rank decides: no broadcast
                 new_plan = self._checked(self._decide(plan, compute_s, stats))
@@ -330,6 +339,22 @@ class Replanner:
         self.history.append(entry)
         if self.on_record is not None:
             self.on_record(entry)
+
+    def _model_changed(self) -> bool:
+        """Whether the trainable parameters or the optimizer's parameter groups changed since
+        the last boundary (``BaseFinetuning`` unfreezing a backbone, a new param group): a
+        new per-step cost, not the plan's doing. Every rank holds the same model, so every
+        rank decides alike."""
+        ctx = self.ctx
+        params = [] if ctx.module is None else ctx.module.parameters()
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        groups = [
+            sum(p.numel() for p in group["params"])
+            for optimizer in ctx.optimizers
+            for group in optimizer.param_groups
+        ]
+        previous, self._model_key = self._model_key, (trainable, *groups)
+        return previous is not None and previous != self._model_key
 
     def _review(
         self, plan: list[int], step_s: Sequence[float], step_se: Sequence[float], steps: int

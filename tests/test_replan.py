@@ -350,3 +350,36 @@ def test_the_guards_state_travels_in_the_checkpoint():
     _timed(host2, 12, 5, 1.5)
     _end_epoch(resumed, 5)
     assert resumed.history[-1]["reverted"] and host2.plan_state.batch_sizes == [8, 8]
+
+
+@pytest.mark.parametrize("unfreeze", [True, False])
+def test_a_model_that_got_slower_to_step_is_a_new_reference_not_the_plans_fault(unfreeze):
+    # Lightning's computer_vision_fine_tuning.py (issue 33): BaseFinetuning unfreezes the
+    # backbone after [8, 8] -> [10, 6] and every step takes 6.9 s instead of 3.5 s
+    host, replanner = _guarded_pair(_Scripted([[10, 6]]))
+    backbone, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    backbone.requires_grad_(False)
+    host.context.module = torch.nn.Sequential(backbone, head)
+    _timed(host, 8, 5, 3.5)
+    _end_epoch(replanner, 5)
+    if unfreeze:
+        backbone.requires_grad_(True)
+    _timed(host, 10, 5, 6.9)
+    _end_epoch(replanner, 5)
+    assert replanner.history[1]["reverted"] is not unfreeze
+    assert (replanner.guard.reverts == 0) is unfreeze
+    assert host.plan_state.batch_sizes == ([10, 6] if unfreeze else [8, 8])
+
+
+def test_a_new_param_group_is_a_model_change_too():
+    host, replanner = _guarded_pair(_Scripted([[10, 6]]))
+    head = torch.nn.Linear(4, 2)
+    host.context.module = head
+    optimizer = torch.optim.SGD([head.weight], lr=0.1)
+    host.context.optimizers = [optimizer]
+    _timed(host, 8, 5, 3.5)
+    _end_epoch(replanner, 5)
+    optimizer.add_param_group({"params": [head.bias]})
+    _timed(host, 10, 5, 6.9)
+    _end_epoch(replanner, 5)
+    assert not replanner.history[1]["reverted"] and replanner.guard.reverts == 0
