@@ -29,7 +29,7 @@ from lightning_hetero.planning import (
     TimingSmoother,
     balance_efficiency,
 )
-from lightning_hetero.planning.base import Deadband, check_deadband
+from lightning_hetero.planning.base import Deadband, check_deadband, noise_deadband
 from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
 from lightning_hetero.planning.split import is_count, plan_checksum
 from lightning_hetero.resources import ResourceMeter
@@ -38,6 +38,9 @@ __all__ = ["RankReport", "Replanner", "check_replan_options"]
 
 #: Batches between two readings of the step timer outside boundaries.
 _COLLECT_EVERY = 64
+#: A plan kept at a balance below this is explained, at most every that many boundaries.
+_SAY_HELD_BELOW = 0.9
+_SAY_HELD_EVERY = 20
 
 
 def check_replan_options(
@@ -144,6 +147,7 @@ class Replanner:
         self._measured_batch_sizes: list[int] = []  # the batches those were measured on
         self._warned_minimum: set[int] = set()
         self._model_key: tuple[int, ...] | None = None  # see `_model_changed`
+        self._held_said_at: int | None = None  # the boundary `_say_held` last spoke at
 
     @property
     def controller(self) -> Controller:
@@ -315,6 +319,10 @@ class Replanner:
                 with ctx.comm.guarded("the plan broadcast"):
                     decided = ctx.comm.broadcast_ints(decided)
                 new_plan = self._checked(decided)  # not in the guard: the broadcast worked
+            wanted = new_plan
+            deadband = getattr(self.controller, "deadband", None)
+            if deadband is not None:
+                entry["deadband"] = noise_deadband(deadband, compute_s, stats)
             if back is not None:
                 new_plan, entry["reverted"] = back, True
                 self.controller.plan_imposed(back)  # its bounds must not force `plan` again
@@ -331,6 +339,8 @@ class Replanner:
                 self.apply_plan(new_plan, from_step=first_undrawn_step)
                 self.adjustments += 1
                 entry["changed"] = True
+            elif entry["balance"] < _SAY_HELD_BELOW:
+                self._say_held(plan, wanted, entry)
             entry["held_at_minimum"] = self._check_minimum()
         entry["next_batch_sizes"] = state.batch_sizes
         entry.update(extra)
@@ -355,6 +365,35 @@ class Replanner:
         ]
         previous, self._model_key = self._model_key, (trainable, *groups)
         return previous is not None and previous != self._model_key
+
+    def _say_held(self, plan: list[int], wanted: list[int], entry: dict[str, Any]) -> None:
+        """Say why an unbalanced plan is kept (at most every ``_SAY_HELD_EVERY`` boundaries):
+        the balance, the measured noise, and the option that would change it."""
+        if self._held_said_at is not None and len(self.history) - self._held_said_at < (
+            _SAY_HELD_EVERY
+        ):
+            return
+        self._held_said_at = len(self.history)
+        guard = self._guard_in_force
+        if wanted != plan and guard is not None and guard.holding:
+            why = "the step-time guard waits for enough steps to judge the last change"
+        elif wanted != plan and guard is not None:
+            why = (
+                f"the step-time guard undid {guard.reverts} change(s) that measured slower and"
+                " tries no more (`revert_slower=False` keeps every change)"
+            )
+        elif "deadband" in entry:
+            band = entry["deadband"]
+            option = getattr(self.controller, "deadband", None)
+            source = "the measured timing noise" if option == "auto" else "`deadband`"
+            why = (
+                f"the dead-band is {band:.1%} ({source}, deadband={option!r}): a gain smaller"
+                f" than that is not acted on; deadband={max(0.0, 0.5 * (1 - entry['balance'])):.2f}"
+                " would move it"
+            )
+        else:
+            why = f"the {type(self.controller).__name__} controller keeps it"
+        rank_zero_info(f"hetero: keeping the plan {plan} at balance {entry['balance']:.2f}: {why}.")
 
     def _review(
         self, plan: list[int], step_s: Sequence[float], step_se: Sequence[float], steps: int
