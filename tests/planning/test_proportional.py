@@ -749,3 +749,31 @@ def test_a_plan_the_guard_imposes_lifts_the_maximum_it_contradicts() -> None:
     assert ctl.max_candidates == [None, None]
     # the controller no longer forces rank 0 back to 64: no alternation with the guard
     assert ctl.update([77, 51], _times([77, 51], [200.0, 150.0]), limits)[0] > 64
+
+
+def test_a_replay_of_guard_and_learned_maximum_does_not_alternate() -> None:
+    # ar.py run 3 (issue 33): rank 0 capped at 64, though [77, 51] runs faster (rank 0 is
+    # more efficient at larger batches); the guard reverts [64, 64] to [77, 51]
+    from lightning_hetero.planning.guard import StepTimeGuard
+
+    def speeds(plan: list[int]) -> list[float]:
+        return [165.0 if plan[0] <= 64 else 190.0, 128.0]
+
+    ctl, guard = ProportionalController(deadband=0.05), StepTimeGuard()
+    limits = BatchLimits.build(2, 128)
+    ctl.update([77, 51], _times([77, 51], speeds([77, 51])), limits)
+    ctl.learned_max, ctl.learned_expires_in = [64, None], [10, None]
+    plan, plans = [77, 51], []
+    for _ in range(10):
+        times = _times(plan, speeds(plan))
+        back = guard.review(plan, max(times), 0.001, 20)
+        new = ctl.update(plan, times, limits)
+        if back is not None:
+            new = back
+            ctl.plan_imposed(back)
+        else:
+            new = guard.propose(plan, new)
+        plans.append(plan)
+        plan = new
+    changes = sum(a != b for a, b in zip(plans, plans[1:]))
+    assert changes <= 2 and plans[-1] == [77, 51], plans
