@@ -202,6 +202,8 @@ class HeteroCallback(Callback):
             for rank, value in enumerate(entry.get(name) or []):
                 metrics[f"hetero/{name}/rank{rank}"] = float(value)
         metrics["hetero/balance"] = entry["balance"]
+        if "deadband" in entry:
+            metrics["hetero/deadband"] = entry["deadband"]
         replanner = self._replanner_of(trainer)
         metrics["hetero/adjustments"] = float(replanner.adjustments)
         if replanner.guard is not None:

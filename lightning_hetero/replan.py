@@ -1,8 +1,9 @@
 """The re-planner: measure each rank, decide one plan, apply it everywhere, keep the history.
 
 One :class:`Replanner` belongs to each strategy. It folds every training step's timings into
-an EWMA; at a boundary (an epoch end, every ``adjust_every`` batches, or when a mode calls
-its ``replan``, e.g. at each local-SGD merge) it all-gathers one :class:`RankReport` per
+robust per-rank statistics (:class:`~lightning_hetero.planning.TimingSmoother`); at a
+boundary (an epoch end, every ``adjust_every`` batches, or when a mode calls its
+``replan``, e.g. at each local-SGD merge) it all-gathers one :class:`RankReport` per
 rank, runs the controller on rank 0, broadcasts the plan, applies it through the mode and
 records a history entry. No Lightning here: the callback feeds it Lightning's hooks and
 logs what it records.
@@ -28,7 +29,7 @@ from lightning_hetero.planning import (
     TimingSmoother,
     balance_efficiency,
 )
-from lightning_hetero.planning.base import Deadband, check_deadband
+from lightning_hetero.planning.base import Deadband, check_deadband, noise_deadband
 from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
 from lightning_hetero.planning.split import is_count, plan_checksum
 from lightning_hetero.resources import ResourceMeter
@@ -37,6 +38,9 @@ __all__ = ["RankReport", "Replanner", "check_replan_options", "waits_unseen"]
 
 #: Batches between two readings of the step timer outside boundaries.
 _COLLECT_EVERY = 64
+#: A plan kept at a balance below this is explained, at most every that many boundaries.
+_SAY_HELD_BELOW = 0.9
+_SAY_HELD_EVERY = 20
 
 
 def check_replan_options(
@@ -108,7 +112,8 @@ class Replanner:
     Args:
         training_mode: the training mode; its ``controller`` decides the next plan from the
             reports.
-        smoothing: EWMA factor of step times.
+        smoothing: the strategy's ``smoothing`` option (no effect: timings are medians of
+            every step since the last change, see :class:`TimingSmoother`).
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         guard: checks each plan change against the measured step time and reverts one that
             made steps slower (lock-step modes; ``None``: changes are kept unchecked).
@@ -135,13 +140,15 @@ class Replanner:
         #: Training batches since the epoch started, or this fit resumed inside it: Lightning
         #: runs the same batches on every rank, so every rank holds the same count.
         self._epoch_batches = 0
-        self._smoother = TimingSmoother(smoothing)
+        self._smoother = TimingSmoother()
         self._meter: ResourceMeter | None = None
         self._identities: list[RankIdentity] = []
         self._samples_per_s: list[float] = []  # per rank, at the last boundary
         self._measured_batch_sizes: list[int] = []  # the batches those were measured on
         self._warned_minimum: set[int] = set()
         self._warned_unseen = False
+        self._model_key: tuple[int, ...] | None = None  # see `_model_changed`
+        self._held_said_at: int | None = None  # the boundary `_say_held` last spoke at
 
     @property
     def controller(self) -> Controller:
@@ -178,7 +185,7 @@ class Replanner:
     def start(self) -> None:
         """A fit starts: fresh smoothing and meter, every rank's host and local rank."""
         ctx = self.ctx
-        self._smoother = TimingSmoother(self.smoothing)
+        self._smoother = TimingSmoother()
         self._meter = ResourceMeter(ctx.device)
         self._epoch_batches = 0  # a resume inside an epoch gets no `epoch_started`
         with ctx.comm.guarded("the gather of host names"):
@@ -228,6 +235,7 @@ class Replanner:
         """This rank's report for the boundary now."""
         self._collect()
         s = self._smoother
+        s.mark()
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
         drawn = self.training_mode.drawn_steps()
         check = plan_checksum(self.ctx.plan_state.batch_sizes)
@@ -299,6 +307,14 @@ class Replanner:
         else:
             self._check_waits_seen(got["step_s"], got["wait_s"])
             entry["balance"] = balance_efficiency(plan, compute_s)
+            if self._model_changed() and self._guard_in_force is not None:
+                self._guard_in_force.restart()
+                rank_zero_info(
+                    "hetero: the trainable parameters or the optimizer's parameter groups"
+                    f" changed (steps now take {entry['step_time']:.4g} s under {plan}): that"
+                    " step time is the new reference, and no plan is judged against the times"
+                    " before."
+                )
             back = self._review(plan, got["step_s"], got["step_se"], min(got["step_n"]))
             if self.controller.replicable:  # every rank decides: no broadcast
                 new_plan = self._checked(self._decide(plan, compute_s, stats))
@@ -307,11 +323,19 @@ class Replanner:
                 with ctx.comm.guarded("the plan broadcast"):
                     decided = ctx.comm.broadcast_ints(decided)
                 new_plan = self._checked(decided)  # not in the guard: the broadcast worked
+            wanted = new_plan
+            deadband = getattr(self.controller, "deadband", None)
+            if deadband is not None:
+                entry["deadband"] = noise_deadband(deadband, compute_s, stats)
             if back is not None:
                 new_plan, entry["reverted"] = back, True
+                self.controller.plan_imposed(back)  # its bounds must not force `plan` again
+                before = self.guard.baseline if self.guard is not None else None
+                was = f", {before.step_s:.4g} s under {back} before" if before else ""
                 rank_zero_info(
-                    f"hetero: the plan {plan} made steps slower ({entry['step_time']:.4g} s)"
-                    f" than {back} before it; going back to {back}."
+                    f"hetero: steps took {entry['step_time']:.4g} s under {plan}{was}; going"
+                    f" back to {back}. (The step-time guard, `revert_slower`, reverts a"
+                    " change measured slower, whatever slowed it.)"
                 )
             elif self._guard_in_force is not None:
                 new_plan = self._guard_in_force.propose(plan, new_plan)
@@ -319,6 +343,8 @@ class Replanner:
                 self.apply_plan(new_plan, from_step=first_undrawn_step)
                 self.adjustments += 1
                 entry["changed"] = True
+            elif entry["balance"] < _SAY_HELD_BELOW:
+                self._say_held(plan, wanted, entry)
             entry["held_at_minimum"] = self._check_minimum()
         entry["next_batch_sizes"] = state.batch_sizes
         entry.update(extra)
@@ -344,6 +370,51 @@ class Replanner:
                 " (e.g. a `sync_dist` or all-reduce of your own in `training_step`, or a model"
                 " hook that communicates): move it out of the training step, or report it."
             )
+
+    def _model_changed(self) -> bool:
+        """Whether the trainable parameters or the optimizer's parameter groups changed since
+        the last boundary (``BaseFinetuning`` unfreezing a backbone, a new param group): a
+        new per-step cost, not the plan's doing. Every rank holds the same model, so every
+        rank decides alike."""
+        ctx = self.ctx
+        params = [] if ctx.module is None else ctx.module.parameters()
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        groups = [
+            sum(p.numel() for p in group["params"])
+            for optimizer in ctx.optimizers
+            for group in optimizer.param_groups
+        ]
+        previous, self._model_key = self._model_key, (trainable, *groups)
+        return previous is not None and previous != self._model_key
+
+    def _say_held(self, plan: list[int], wanted: list[int], entry: dict[str, Any]) -> None:
+        """Say why an unbalanced plan is kept (at most every ``_SAY_HELD_EVERY`` boundaries):
+        the balance, the measured noise, and the option that would change it."""
+        if self._held_said_at is not None and len(self.history) - self._held_said_at < (
+            _SAY_HELD_EVERY
+        ):
+            return
+        self._held_said_at = len(self.history)
+        guard = self._guard_in_force
+        if wanted != plan and guard is not None and guard.holding:
+            why = "the step-time guard waits for enough steps to judge the last change"
+        elif wanted != plan and guard is not None:
+            why = (
+                f"the step-time guard undid {guard.reverts} change(s) that measured slower and"
+                " tries no more (`revert_slower=False` keeps every change)"
+            )
+        elif "deadband" in entry:
+            band = entry["deadband"]
+            option = getattr(self.controller, "deadband", None)
+            source = "the measured timing noise" if option == "auto" else "`deadband`"
+            why = (
+                f"the dead-band is {band:.1%} ({source}, deadband={option!r}): a gain smaller"
+                f" than that is not acted on; deadband={max(0.0, 0.5 * (1 - entry['balance'])):.2f}"
+                " would move it"
+            )
+        else:
+            why = f"the {type(self.controller).__name__} controller keeps it"
+        rank_zero_info(f"hetero: keeping the plan {plan} at balance {entry['balance']:.2f}: {why}.")
 
     def _review(
         self, plan: list[int], step_s: Sequence[float], step_se: Sequence[float], steps: int

@@ -74,7 +74,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         revert_slower: BSP: check every plan change against the measured wall time of a
             step and undo a change that made steps slower beyond the measured noise; later
             changes then move half as far (see ``docs/controllers.md``, "Never slower than DDP").
-        smoothing: EWMA factor of step times, in ``[0, 1)``; 0 keeps only the last step.
+        smoothing: no effect since per-rank timings became the median of every step since
+            the last change (kept so that existing configurations load); in ``[0, 1)``.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
             (inexact with unequal batches; for ablations only). BSP mode only.

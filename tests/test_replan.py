@@ -388,3 +388,64 @@ def test_unseen_waits_are_warned_once_and_only_for_lock_step_modes():
         other.replanner(_Keep(), smoothing=0.5, adjust_every="epoch")._check_waits_seen(
             [1.0, 1.5], [0.0, 0.0]
         )
+
+
+@pytest.mark.parametrize("unfreeze", [True, False])
+def test_a_model_that_got_slower_to_step_is_a_new_reference_not_the_plans_fault(unfreeze):
+    # Lightning's computer_vision_fine_tuning.py (issue 33): BaseFinetuning unfreezes the
+    # backbone after [8, 8] -> [10, 6] and every step takes 6.9 s instead of 3.5 s
+    host, replanner = _guarded_pair(_Scripted([[10, 6]]))
+    backbone, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    backbone.requires_grad_(False)
+    host.context.module = torch.nn.Sequential(backbone, head)
+    _timed(host, 8, 5, 3.5)
+    _end_epoch(replanner, 5)
+    if unfreeze:
+        backbone.requires_grad_(True)
+    _timed(host, 10, 5, 6.9)
+    _end_epoch(replanner, 5)
+    assert replanner.history[1]["reverted"] is not unfreeze
+    assert (replanner.guard.reverts == 0) is unfreeze
+    assert host.plan_state.batch_sizes == ([10, 6] if unfreeze else [8, 8])
+
+
+def test_a_new_param_group_is_a_model_change_too():
+    host, replanner = _guarded_pair(_Scripted([[10, 6]]))
+    head = torch.nn.Linear(4, 2)
+    host.context.module = head
+    optimizer = torch.optim.SGD([head.weight], lr=0.1)
+    host.context.optimizers = [optimizer]
+    _timed(host, 8, 5, 3.5)
+    _end_epoch(replanner, 5)
+    optimizer.add_param_group({"params": [head.bias]})
+    _timed(host, 10, 5, 6.9)
+    _end_epoch(replanner, 5)
+    assert not replanner.history[1]["reverted"] and replanner.guard.reverts == 0
+
+
+class _SlowerMirror(_Mirror):
+    """Rank 1 reports rank 0's timings 1.3x slower."""
+
+    def gather_rows(self, values):
+        rows = super().gather_rows(values)
+        rows[1][1] *= 1.3  # compute_s
+        return rows
+
+
+def test_an_unbalanced_plan_held_back_says_why_with_the_option_that_would_move_it(caplog):
+    host = _Host([8, 8], world_size=2, comm=_SlowerMirror(0, 1, torch.device("cpu")))
+    host.comm.other_batch_size = 8
+    replanner = host.replanner(
+        ProportionalController(deadband=0.3), adjust_every="epoch", smoothing=0.8
+    )
+    replanner.start()
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            _timed(host, 8, 5, 1.0)
+            _end_epoch(replanner, 5)
+    assert host.plan_state.batch_sizes == [8, 8]
+    assert [e["deadband"] for e in replanner.history] == [0.3] * 3
+    said = [r.getMessage() for r in caplog.records if "keeping the plan" in r.getMessage()]
+    assert len(said) == 1  # rate-limited
+    # balance T*/max t = 0.87: a dead-band of 0.07 would move the plan
+    assert "balance 0.87" in said[0] and "deadband=0.3" in said[0] and "deadband=0.07" in said[0]

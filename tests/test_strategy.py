@@ -521,6 +521,7 @@ def test_metrics_are_logged_at_lightnings_step_and_are_in_callback_metrics(tmp_p
     last = trainer.strategy.history[-1]
     assert trainer.callback_metrics["hetero/balance"].item() == pytest.approx(last["balance"])
     assert trainer.callback_metrics["hetero/batch_size/rank0"].item() == 4
+    assert trainer.callback_metrics["hetero/deadband"].item() == pytest.approx(last["deadband"])
 
 
 class DataLoader2(DataLoader):

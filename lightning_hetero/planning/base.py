@@ -209,6 +209,11 @@ class Controller(ABC):
             stats: one :class:`RankStats` per rank, or ``None`` when no side readings exist.
         """
 
+    def plan_imposed(self, plan: Sequence[int]) -> None:
+        """``plan`` runs next though this controller did not choose it (the step-time
+        guard's revert, measured evidence): drop what it learned that ``plan`` contradicts,
+        so that it does not force the plan back at the next boundary. Default: nothing."""
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly after a restart."""
         return {}

@@ -146,9 +146,9 @@ class StepTimeGuard:
         if self.baseline is not None and sum(self.baseline.plan) != sum(now.plan):
             # another global batch (an input-scale change, a new `global_batch_size`): steps
             # of another size do not compare, and no plan of the old one can come back
-            self.baseline = self.current = now
-            self.trial, self.fraction = None, 1.0
-            self._reverted_at, self._shrink_pending = None, False
+            self.restart()
+        if self.baseline is None and self.current is None:
+            self.baseline = self.current = now  # a (new) reference: nothing to judge
             return None
         best, previous, self.current = self.baseline, self.current, now
         was_trial, self.trial = self.trial == now.plan, None
@@ -183,6 +183,14 @@ class StepTimeGuard:
             if was_trial:
                 self.fraction, self._reverted_at = 1.0, None  # a kept change: full steps again
         return None
+
+    def restart(self) -> None:
+        """Forget every measurement: the per-step cost changed for a reason no plan has
+        (the model's trainable parameters, the optimizer's parameter groups, the global
+        batch), so the next plan measured is the new reference and is not judged."""
+        self.baseline = self.current = None
+        self.trial, self.fraction = None, 1.0
+        self._reverted_at, self._shrink_pending = None, False
 
     def propose(self, plan: Sequence[int], target: Sequence[int]) -> list[int]:
         """What to run instead of ``plan`` when the controller asks for ``target``: the

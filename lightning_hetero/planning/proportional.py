@@ -1,10 +1,11 @@
 """Proportional control of per-rank batch sizes (papers 000 and 002)."""
 
+import math
 import warnings
 from collections.abc import Sequence
 from itertools import repeat
 from operator import gt, le, mul, sub, truediv
-from statistics import fmean
+from statistics import fmean, median
 from typing import Any
 
 from lightning_hetero.planning.base import (
@@ -31,6 +32,9 @@ __all__ = ["ProportionalController"]
 _RENORMALIZATIONS = ("project", "omnilearn")
 #: How much a rank's batch must shrink before the floor rule reads its step time.
 _FLOOR_SHRINK = 0.1
+#: Throughput readings kept per rank and batch size, and batch sizes kept per rank.
+_READINGS_PER_SIZE = 8
+_SIZES_KEPT = 16
 
 
 def _count_down(bounds: list[int | None], expires: list[int | None], relearn_after: int) -> None:
@@ -93,6 +97,24 @@ class LearnedMaximum:
         self.max_candidates: list[dict[str, Any] | None] = []
         self.last_batch_sizes: list[int] = []
         self.last_throughput: list[float] = []
+        #: Per rank, ``{size: recent throughputs}``: a cap is judged against the median of
+        #: the readings at its size, not one reading that may be an outlier.
+        self.size_readings: list[dict[int, list[float]]] = []
+
+    def _reference(self, rank: int, size: int, reading: float) -> float:
+        """The throughput of ``rank`` at ``size``: the median of its recent readings there
+        (``reading`` when there are none)."""
+        held = self.size_readings[rank].get(size) if rank < len(self.size_readings) else None
+        return median(held) if held else reading
+
+    def _record(self, current: list[int], throughput: list[float]) -> None:
+        if len(self.size_readings) != len(current):
+            self.size_readings = [{} for _ in current]
+        for readings, size, x in zip(self.size_readings, current, throughput):
+            held = readings.pop(size, [])  # re-inserted last: the oldest size goes first
+            readings[size] = [*held, x][-_READINGS_PER_SIZE:]
+            while len(readings) > _SIZES_KEPT:
+                del readings[next(iter(readings))]
 
     def _upper_bounds(
         self, current: list[int], throughput: list[float], limits: BatchLimits
@@ -115,18 +137,20 @@ class LearnedMaximum:
                 for k, (b, old) in enumerate(zip(current, last)):
                     if (
                         b > grow * old  # grew
-                        and throughput[k] < keep * last_throughput[k]  # and dropped
+                        # and dropped, against the readings at the old size (not an outlier)
+                        and throughput[k] < keep * self._reference(k, old, last_throughput[k])
                         and candidates[k] is None
                         and k not in resolved
                     ):
                         candidates[k] = {
                             "size": old,
-                            "throughput": last_throughput[k],
+                            "throughput": self._reference(k, old, last_throughput[k]),
                             "grown_to": b,
                             "dropped_to": throughput[k],
                             "waited": 0,
                         }
         self.last_batch_sizes, self.last_throughput = current, throughput
+        self._record(current, throughput)
         if self.learned_max.count(None) == world_size:
             return list(limits.max_batch_size)
         upper = [
@@ -143,6 +167,17 @@ class LearnedMaximum:
             self.learned_expires_in = [None] * world_size
             upper = list(limits.max_batch_size)
         return upper
+
+    def plan_imposed(self, plan: Sequence[int]) -> None:
+        """Lift every learned maximum (and candidate) below ``plan``'s size for its rank: a
+        measured step time, the guard's evidence for ``plan``, outweighs a throughput
+        reading."""
+        for k, size in enumerate(plan):
+            if k < len(self.learned_max) and (self.learned_max[k] or size) < size:
+                self.learned_max[k] = self.learned_expires_in[k] = None
+            candidate = self.max_candidates[k] if k < len(self.max_candidates) else None
+            if candidate is not None and candidate["size"] < size:
+                self.max_candidates[k] = None
 
     def _expire_learned(self) -> None:
         """Count this boundary against every learned maximum; lift those whose time is up."""
@@ -164,7 +199,8 @@ class LearnedMaximum:
                 continue
             self.max_candidates[k] = None
             resolved.add(k)
-            if throughput[k] < keep * candidate["throughput"]:  # still slow: confirmed
+            reference = min(candidate["throughput"], self._reference(k, size, math.inf))
+            if throughput[k] < keep * reference:  # still slow: confirmed
                 self.learned_max[k] = size
                 self.learned_expires_in[k] = self.relearn_after
                 warnings.warn(
@@ -185,6 +221,7 @@ class LearnedMaximum:
             "max_candidates": [None if c is None else dict(c) for c in self.max_candidates],
             "last_batch_sizes": list(self.last_batch_sizes),
             "last_throughput": list(self.last_throughput),
+            "size_readings": [[[s, list(x)] for s, x in r.items()] for r in self.size_readings],
         }
 
     def _load_learned_state(self, state: dict[str, Any]) -> None:
@@ -202,6 +239,8 @@ class LearnedMaximum:
         self.max_candidates = [None if c is None else dict(c) for c in candidates]
         self.last_batch_sizes = list(state.get("last_batch_sizes", []))
         self.last_throughput = list(state.get("last_throughput", []))
+        saved = state.get("size_readings", [])  # none in states saved before they existed
+        self.size_readings = [{int(s): list(x) for s, x in r} for r in saved]
 
 
 class ProportionalController(LearnedMaximum, Controller):
@@ -222,7 +261,7 @@ class ProportionalController(LearnedMaximum, Controller):
       would improve by more than the dead-band. The second condition keeps a balanced
       plan still when timing noise and integer rounding move a small batch by one
       sample (that alone can exceed 5% of it);
-    * **smoothing**: timings arrive already averaged since the last change
+    * **smoothing**: timings arrive as medians of every step since the last change
       (:class:`~lightning_hetero.planning.TimingSmoother`);
     * **learned maximums**: if growing a rank's batch by more than the dead-band lowered
       its throughput by more than ``throughput_drop`` (relative), its previous size is a

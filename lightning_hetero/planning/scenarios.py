@@ -254,6 +254,25 @@ def _resources() -> Scenario:
     )
 
 
+def _noisy_node() -> Scenario:
+    # A busy shared node (issue 33): the second of two ranks is 1.5x slower per sample, and
+    # each rank stalls 200 ms on 15% of its steps (other jobs' bursts), several times the
+    # timing noise. The plan should follow the speeds, not the stalls.
+    return Scenario(
+        "noisy-node",
+        "2 ranks, 1 : 1.5 per-sample time, 200 ms stalls on 15% of steps, 2% noise",
+        lambda seed: ClusterSimulator(
+            [SimulatedWorker(0.01), SimulatedWorker(0.015)],
+            noise=0.02,
+            stalls=(0.15, 0.2),
+            seed=seed,
+        ),
+        [32, 32],
+        BatchLimits.build(2, 64),
+        boundaries=30,
+    )
+
+
 #: The catalogue, by name.
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -266,6 +285,7 @@ SCENARIOS: dict[str, Scenario] = {
         _gpu(),
         _memory(),
         _resources(),
+        _noisy_node(),
         _fixed("HL2", 0.1),
         _fixed("HL4", 0.2),
         _fixed("HL8", 0.3),

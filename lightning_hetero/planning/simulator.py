@@ -15,7 +15,7 @@ from typing import Any
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats
 from lightning_hetero.planning.guard import StepTimeGuard
 from lightning_hetero.planning.smoothing import TimingSmoother
-from lightning_hetero.planning.split import balance_efficiency
+from lightning_hetero.planning.split import balance_efficiency, plan_checksum
 
 __all__ = ["HETEROGENEITY_LEVELS", "ClusterSimulator", "SimulatedWorker", "SimulationResult"]
 
@@ -117,6 +117,10 @@ class ClusterSimulator:
             entry at or before a boundary applies; before the first, ``nan``). They are
             only reported: pair them with ``speed_changes`` to make speed follow them.
         seed: seed of the noise.
+        stalls: ``(probability, seconds)``: each worker, independently at each step, stalls
+            for ``seconds`` more with ``probability`` (another job's burst, a page fault, a
+            GC pause: heavy-tailed delays no plan can avoid, on top of the speed
+            differences).
 
     Example:
         >>> from lightning_hetero.planning import BatchLimits, ProportionalController
@@ -133,6 +137,7 @@ class ClusterSimulator:
         speed_changes: Mapping[int, Sequence[float]] | None = None,
         seed: int = 0,
         availability: Mapping[int, Sequence[tuple[float, float]]] | None = None,
+        stalls: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         if not workers:
             raise ValueError("The simulator needs at least one worker.")
@@ -148,6 +153,11 @@ class ClusterSimulator:
         for boundary, readings in self.availability.items():
             if len(readings) != len(self.workers):
                 raise ValueError(f"availability[{boundary}] needs one reading per worker.")
+        if not (0.0 <= stalls[0] <= 1.0 and stalls[1] >= 0.0):
+            raise ValueError(
+                f"`stalls` must be (probability in [0, 1], seconds >= 0), got {stalls}."
+            )
+        self.stalls = (float(stalls[0]), float(stalls[1]))
         self._rng = random.Random(seed)
 
     @classmethod
@@ -229,11 +239,15 @@ class ClusterSimulator:
         return candidates[low]
 
     def step_s(self, batch_sizes: Sequence[int], boundary: int) -> list[float]:
-        """Compute times of one step, with noise."""
-        return [
+        """Compute times of one step, with noise and stalls."""
+        times = [
             t * max(0.05, 1.0 + self._rng.gauss(0.0, self.noise))
             for t in self.true_step_s(batch_sizes, boundary)
         ]
+        probability, stall_s = self.stalls
+        if probability > 0.0:  # no draws otherwise: other scenarios keep their noise
+            times = [t + (stall_s if self._rng.random() < probability else 0.0) for t in times]
+        return times
 
     def run(
         self,
@@ -242,7 +256,6 @@ class ClusterSimulator:
         limits: BatchLimits,
         boundaries: int,
         steps_per_boundary: int = 20,
-        smoothing: float = 0.8,
         guard: StepTimeGuard | None = None,
     ) -> SimulationResult:
         """Run ``boundaries`` intervals; after each, the controller picks the next plan.
@@ -254,14 +267,16 @@ class ClusterSimulator:
             raise ValueError("One initial batch size per worker is needed.")
         plan = list(batch_sizes)
         result = SimulationResult()
-        smoothers = [TimingSmoother(smoothing) for _ in self.workers]
+        smoothers = [TimingSmoother() for _ in self.workers]
         for boundary in range(boundaries):
             steps = []
             for _ in range(steps_per_boundary):
                 times = self.step_s(plan, boundary)
                 steps.append(max(times))
                 for smoother, b, t in zip(smoothers, plan, times):
-                    smoother.update(b, t, 0.0)
+                    smoother.update(b, t, 0.0, plan=plan_checksum(plan))
+            for smoother in smoothers:
+                smoother.mark()
             compute_s = [s.compute_s for s in smoothers]
             stats = [
                 replace(stat, compute_se=s.compute_se)
@@ -272,6 +287,7 @@ class ClusterSimulator:
             new_plan = controller.update(plan, compute_s, limits, stats)
             if back is not None:
                 new_plan = back
+                controller.plan_imposed(back)
             elif guard is not None:
                 new_plan = guard.propose(plan, new_plan)
             result.history.append(

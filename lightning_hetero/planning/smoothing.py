@@ -1,9 +1,191 @@
-"""Per-rank smoothing of step timings between two plan changes."""
+"""Per-rank statistics of step timings between two plan changes."""
 
+from collections import deque
 from dataclasses import dataclass
 from math import isfinite, nan, sqrt
+from statistics import median
 
-__all__ = ["TimingSmoother"]
+__all__ = ["TimingSmoother", "robust_centre"]
+
+#: Steps a new stretch of readings must hold before it is compared with the steps before it.
+_BLOCK = 16
+#: Relative change of a rank's median compute time that restarts its statistics (with ``z``
+#: standard errors of the difference): a speed change at the same batch size.
+_SPEED_CHANGE = 0.05
+_Z = 3.0
+#: ``sqrt(pi / 2) * 1.4826``: standard error of a median from the median absolute deviation
+#: (``1.4826 * MAD`` estimates a normal spread; a median's error is ``sqrt(pi / 2)`` times a
+#: mean's), so that stalls in a few steps widen it no more than they move the median.
+_MEDIAN_SE = 1.8582
+
+
+def robust_centre(values: list[float]) -> tuple[float, float]:
+    """The median of ``values`` and its standard error (``nan`` below two values).
+
+    Example:
+        >>> centre, se = robust_centre([1.0, 1.1, 0.9, 1.0, 9.0])  # one stall moves neither
+        >>> centre, round(se, 3)
+        (1.0, 0.083)
+    """
+    if not values:
+        return nan, nan
+    centre = median(values)
+    if len(values) < 2:
+        return centre, nan
+    spread = median(abs(v - centre) for v in values)
+    return centre, _MEDIAN_SE * spread / sqrt(len(values))
+
+
+def _lower_quartile(values: list[float]) -> tuple[float, float]:
+    """The lower quartile of ``values`` and (roughly) its standard error: a median's."""
+    return sorted(values)[len(values) // 4], robust_centre(values)[1]
+
+
+@dataclass
+class TimingSmoother:
+    """One rank's step times at one batch size: robust statistics over every step since the
+    last change.
+
+    :attr:`compute_s` and :attr:`wait_s` are medians over all the steps timed since the
+    batch size or the plan changed (the latest ``window`` of them at most, so memory stays
+    bounded: another rank's change can change this rank's steps too, through shared hosts
+    and waiting), and
+    :attr:`compute_se` is the standard error of that median: it shrinks as steps
+    accumulate, so the auto dead-band (:func:`~lightning_hetero.planning.noise_deadband`)
+    does too, and a few steps that stalled (another job, a page fault, a GC pause) move
+    neither the centre nor its error much. Every 16 steps, and at each boundary
+    (:meth:`mark`), the steps since the last such test are compared with the steps before
+    them: a lower quartile that moved by more than 5% and three standard errors is a speed
+    change at the same batch size (another job started on the host; stalls, which only
+    slow steps, move the lower quartile only when they are most of the steps), and the
+    statistics restart from those latest steps.
+
+    The first step after a restart is discarded when later steps arrive: it pays one-off
+    costs (allocator growth, DDP bucket rebuilding, cold caches). A step timed only from its
+    batch's arrival (``full=False``: an epoch's first, see
+    :class:`~lightning_hetero._comm.StepRecord`) counts only while no fully timed one exists.
+
+    Besides those it keeps the plain mean of the whole step, compute plus waiting
+    (:attr:`step_s`, the synchronous step time in lock-step modes, stalls included: they are
+    wall time the guard must see) with its standard error.
+
+    Example:
+        >>> s = TimingSmoother()
+        >>> for t in (9.0, 1.0, 3.0, 1.5, 1.0):  # the first step is dropped
+        ...     s.update(batch_size=32, compute_s=t, wait_s=0.0)
+        >>> s.batch_size, s.compute_s, s.steps
+        (32, 1.25, 5)
+    """
+
+    window: int = 1024
+    batch_size: int = 0
+    steps: int = 0
+    full_steps: int = 0
+    plan: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 2:
+            raise ValueError(f"`window` must be an integer >= 2, got {self.window!r}.")
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all samples."""
+        self.batch_size = self.steps = self.full_steps = self.plan = 0
+        self._compute: deque[float] = deque(maxlen=self.window)
+        self._wait: deque[float] = deque(maxlen=self.window)
+        self._block = 0  # steps since the last speed-change test
+        self._step = _Moments()
+
+    def update(
+        self, batch_size: int, compute_s: float, wait_s: float, full: bool = True, plan: int = 0
+    ) -> None:
+        """Add one step; a different ``batch_size`` or ``plan`` (a key of the whole plan)
+        restarts the statistics. ``full``: the step was timed from the previous step's end
+        (its loading included)."""
+        if batch_size != self.batch_size or plan != self.plan:
+            self.reset()
+            self.batch_size, self.plan = batch_size, plan
+        if not (isfinite(compute_s) and isfinite(wait_s)):
+            return
+        if not full and self.full_steps:
+            return  # a fully timed reading describes the step better
+        if full and self.steps and not self.full_steps:
+            self.steps = 1  # only partial readings so far: replace them (one-off costs paid)
+        self.steps += 1
+        self.full_steps += full
+        if self.steps <= 2:  # the first step is replaced by the second
+            self._compute.clear()
+            self._wait.clear()
+            self._step = _Moments()
+            self._block = 0
+        self._compute.append(compute_s)
+        self._wait.append(wait_s)
+        self._step.add(compute_s + wait_s)
+        self._block += 1
+        if self._block >= _BLOCK:
+            self._restart_on_speed_change()
+
+    def mark(self) -> None:
+        """A boundary: test the steps since the last test for a speed change now (if they
+        are at least half a block), so that a change between two boundaries shows at the
+        second."""
+        if 2 * self._block >= _BLOCK:
+            self._restart_on_speed_change()
+
+    def _restart_on_speed_change(self) -> None:
+        """Keep only the latest steps (since the last test) when their median differs from
+        the earlier steps' beyond their noise and :data:`_SPEED_CHANGE`."""
+        latest_n, self._block = self._block, 0
+        held = list(self._compute)
+        if latest_n < 2 or len(held) - latest_n < latest_n:
+            return
+        # lower quartiles: a speed change moves every quantile, stalls (slow steps only) move
+        # the lower quartile only when they are most of the steps
+        before, before_se = _lower_quartile(held[:-latest_n])
+        latest, latest_se = _lower_quartile(held[-latest_n:])
+        noise = _Z * sqrt(before_se * before_se + latest_se * latest_se)
+        if abs(latest - before) > noise + _SPEED_CHANGE * before:
+            for samples in (self._compute, self._wait):
+                kept = list(samples)[-latest_n:]
+                samples.clear()
+                samples.extend(kept)
+
+    @property
+    def compute_s(self) -> float:
+        """Median compute time per step since the last change (``nan`` before a step)."""
+        return median(self._compute) if self._compute else nan
+
+    @property
+    def wait_s(self) -> float:
+        """Median wait for other ranks per step since the last change."""
+        return median(self._wait) if self._wait else nan
+
+    @property
+    def compute_se(self) -> float:
+        """Standard error of :attr:`compute_s` (see :func:`robust_centre`); ``nan`` below two
+        steps."""
+        return robust_centre(list(self._compute))[1]
+
+    @property
+    def compute_count(self) -> int:
+        """Steps in :attr:`compute_s`."""
+        return len(self._compute)
+
+    @property
+    def step_s(self) -> float:
+        """Plain mean of compute plus wait per step: the wall time of a step."""
+        return self._step.mean
+
+    @property
+    def step_count(self) -> int:
+        """Steps in :attr:`step_s`."""
+        return self._step.count
+
+    @property
+    def step_se(self) -> float:
+        """Standard error of :attr:`step_s` (``nan`` below two steps)."""
+        n = self._step.count
+        return self._step.std / sqrt(n) if n > 1 else nan
 
 
 @dataclass
@@ -26,114 +208,3 @@ class _Moments:
     @property
     def std(self) -> float:
         return sqrt(self._m2 / (self.count - 1)) if self.count > 1 else nan
-
-
-@dataclass
-class TimingSmoother:
-    """Exponentially weighted moving average of one rank's step times at one batch size.
-
-    ``value <- smoothing * value + (1 - smoothing) * new``: ``smoothing=0`` keeps only
-    the latest step, values near 1 average over many steps (papers 000 and 002 smooth
-    iteration times since the last batch change). The average restarts whenever the
-    batch size changes, so it always describes the batch size it reports. The first
-    step after a restart is discarded when later steps arrive: it pays one-off costs
-    (allocator growth, DDP bucket rebuilding, cold caches). A step timed only from its
-    batch's arrival (``full=False``: an epoch's first, see
-    :class:`~lightning_hetero._comm.StepRecord`) counts only while no fully timed one exists.
-
-    Besides the average it keeps, over the same steps, how noisy they are
-    (:attr:`compute_se`) and the plain mean of the whole step, compute plus waiting
-    (:attr:`step_s`, the synchronous step time in lock-step modes) with its standard error,
-    over the steps of the latest ``plan`` only: another rank's change makes this rank's
-    steps longer or shorter at the same batch size.
-
-    Example:
-        >>> s = TimingSmoother(smoothing=0.5)
-        >>> for t in (9.0, 1.0, 3.0):
-        ...     s.update(batch_size=32, compute_s=t, wait_s=0.0)
-        >>> s.batch_size, s.compute_s, s.steps, s.step_s
-        (32, 2.0, 3, 2.0)
-    """
-
-    smoothing: float = 0.8
-    batch_size: int = 0
-    compute_s: float = nan
-    wait_s: float = nan
-    steps: int = 0
-    full_steps: int = 0
-    plan: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.smoothing < 1.0:
-            raise ValueError(f"`smoothing` must be in [0, 1), got {self.smoothing}.")
-        self._compute_var, self._averaged = 0.0, 0  # EW variance of compute, steps in it
-        self._step = _Moments()
-
-    def reset(self) -> None:
-        """Forget all samples."""
-        self.batch_size, self.compute_s, self.wait_s = 0, nan, nan
-        self.steps = self.full_steps = 0
-        self._compute_var, self._averaged = 0.0, 0
-        self._step = _Moments()
-
-    def update(
-        self, batch_size: int, compute_s: float, wait_s: float, full: bool = True, plan: int = 0
-    ) -> None:
-        """Add one step; a different ``batch_size`` restarts the average, a different
-        ``plan`` (a key of the whole plan) the step time. ``full``: the step was timed from
-        the previous step's end (its loading included)."""
-        if batch_size != self.batch_size:
-            self.reset()
-            self.batch_size = batch_size
-        if plan != self.plan:
-            self.plan, self._step = plan, _Moments()
-        if not (isfinite(compute_s) and isfinite(wait_s)):
-            return
-        if not full and self.full_steps:
-            return  # a fully timed reading describes the step better
-        if full and self.steps and not self.full_steps:
-            self.steps = 1  # only partial readings so far: replace them (one-off costs paid)
-        self.steps += 1
-        self.full_steps += full
-        if self.steps <= 2:  # the first step is replaced by the second
-            self.compute_s, self.wait_s = compute_s, wait_s
-            self._compute_var, self._averaged = 0.0, 1
-            self._step = _Moments()
-        else:
-            a = self.smoothing
-            change = compute_s - self.compute_s
-            self.compute_s += (1.0 - a) * change
-            self.wait_s = a * self.wait_s + (1.0 - a) * wait_s
-            # exponentially weighted variance, with the average's own weights: it forgets a
-            # past speed change as fast as the average does
-            self._compute_var = a * (self._compute_var + (1.0 - a) * change * change)
-            self._averaged += 1
-        self._step.add(compute_s + wait_s)
-
-    @property
-    def compute_se(self) -> float:
-        """Standard error of :attr:`compute_s`: the per-step standard deviation (weighted
-        as the average weighs the steps, so that old readings fade) over the square root of
-        the steps the average holds (at most ``(1 + a) / (1 - a)`` for an EWMA of factor
-        ``a``); ``nan`` below two steps."""
-        if self._averaged < 2:
-            return nan
-        a = self.smoothing
-        held = min(self._averaged, (1.0 + a) / (1.0 - a))
-        return sqrt(self._compute_var / held)
-
-    @property
-    def step_s(self) -> float:
-        """Plain mean of compute plus wait per step: the wall time of a step."""
-        return self._step.mean
-
-    @property
-    def step_count(self) -> int:
-        """Steps in :attr:`step_s`."""
-        return self._step.count
-
-    @property
-    def step_se(self) -> float:
-        """Standard error of :attr:`step_s` (``nan`` below two steps)."""
-        n = self._step.count
-        return self._step.std / sqrt(n) if n > 1 else nan

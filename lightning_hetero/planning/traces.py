@@ -27,7 +27,7 @@ useful the readings are):
 
 * the measured speed of interval ``i``: the harmonic mean of its step speeds (the
   simulator holds one speed per interval, the mean step time of the real one; the real
-  :class:`~lightning_hetero.planning.TimingSmoother` weighs the last steps more, which
+  :class:`~lightning_hetero.planning.TimingSmoother` restarts at a speed change, which
   would make the last speed a somewhat better predictor than here);
 * ``cpu_available``: the free CPU share *averaged over* interval ``i``, as
   :class:`~lightning_hetero.resources.ResourceMeter` reads it (``psutil.cpu_percent``

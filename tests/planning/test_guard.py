@@ -198,3 +198,17 @@ def test_a_new_global_batch_starts_a_new_reference_and_never_goes_back_to_the_ol
     # later changes are judged against the new global batch's plan
     guard.propose([8, 8], [10, 6])
     assert guard.review([10, 6], 0.030, 0.0001) == [8, 8]
+
+
+def test_a_restart_makes_the_next_plan_the_reference_without_a_verdict():
+    # issue 33's unfreezing replay: [8, 8] at 3.5 s, then [10, 6] at 6.9 s because the
+    # model's backbone was unfrozen meanwhile (the strategy calls `restart`)
+    guard = StepTimeGuard()
+    assert guard.review([8, 8], 3.5, 0.01) is None
+    assert guard.propose([8, 8], [10, 6]) == [10, 6]
+    guard.restart()
+    assert guard.review([10, 6], 6.9, 0.01) is None and guard.reverts == 0
+    assert guard.baseline is not None and guard.baseline.plan == [10, 6]
+    # later changes are judged against the new reference
+    guard.propose([10, 6], [12, 4])
+    assert guard.review([12, 4], 8.0, 0.01) == [10, 6]

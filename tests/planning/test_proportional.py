@@ -717,3 +717,63 @@ def test_the_floor_rule_is_off_by_default_and_can_be_switched_off() -> None:
     plan = ctl.update(plan, [plan[0] / 100, 1.5], limits)
     assert ctl.update(plan, [plan[0] / 100, 1.5], limits) != [64, 64]
     assert ctl.learned_min == [None, None]
+
+
+def _times(plan: list[int], throughput: list[float]) -> list[float]:
+    return [b / x for b, x in zip(plan, throughput)]
+
+
+def test_an_outlier_reading_at_a_size_makes_no_candidate_maximum() -> None:
+    # pytorch-forecasting's ar.py (issue 33): rank 0 read 142-188 samples/s at 64, once 221.7
+    ctl = ProportionalController(deadband=0.05)
+    limits = BatchLimits.build(2, 128)
+    for x0 in (165.0, 158.0, 170.0, 162.0):
+        assert ctl.update([64, 64], _times([64, 64], [x0, 160.0]), limits) == [64, 64]
+    moved = ctl.update([64, 64], _times([64, 64], [221.7, 160.0]), limits)
+    assert moved[0] > 64
+    ctl.update(moved, _times(moved, [165.0, 160.0]), limits)  # as fast as it usually is at 64
+    assert ctl.max_candidates == [None, None] and ctl.learned_max == [None, None]
+
+
+def test_a_plan_the_guard_imposes_lifts_the_maximum_it_contradicts() -> None:
+    ctl = ProportionalController(deadband=0.05)
+    limits = BatchLimits.build(2, 128)
+    ctl.update([64, 64], _times([64, 64], [200.0, 150.0]), limits)
+    ctl.learned_max, ctl.learned_expires_in = [64, None], [10, None]
+    ctl.max_candidates = [
+        None,
+        {"size": 40, "throughput": 1.0, "grown_to": 50, "dropped_to": 0.5, "waited": 0},
+    ]
+    ctl.plan_imposed([77, 51])  # the step-time guard measured [77, 51] faster
+    assert ctl.learned_max == [None, None] and ctl.learned_expires_in == [None, None]
+    assert ctl.max_candidates == [None, None]
+    # the controller no longer forces rank 0 back to 64: no alternation with the guard
+    assert ctl.update([77, 51], _times([77, 51], [200.0, 150.0]), limits)[0] > 64
+
+
+def test_a_replay_of_guard_and_learned_maximum_does_not_alternate() -> None:
+    # ar.py run 3 (issue 33): rank 0 capped at 64, though [77, 51] runs faster (rank 0 is
+    # more efficient at larger batches); the guard reverts [64, 64] to [77, 51]
+    from lightning_hetero.planning.guard import StepTimeGuard
+
+    def speeds(plan: list[int]) -> list[float]:
+        return [165.0 if plan[0] <= 64 else 190.0, 128.0]
+
+    ctl, guard = ProportionalController(deadband=0.05), StepTimeGuard()
+    limits = BatchLimits.build(2, 128)
+    ctl.update([77, 51], _times([77, 51], speeds([77, 51])), limits)
+    ctl.learned_max, ctl.learned_expires_in = [64, None], [10, None]
+    plan, plans = [77, 51], []
+    for _ in range(10):
+        times = _times(plan, speeds(plan))
+        back = guard.review(plan, max(times), 0.001, 20)
+        new = ctl.update(plan, times, limits)
+        if back is not None:
+            new = back
+            ctl.plan_imposed(back)
+        else:
+            new = guard.propose(plan, new)
+        plans.append(plan)
+        plan = new
+    changes = sum(a != b for a, b in zip(plans, plans[1:]))
+    assert changes <= 2 and plans[-1] == [77, 51], plans

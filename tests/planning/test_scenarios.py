@@ -76,7 +76,7 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("proportional", "HL4"): Expected(0.96, 1, (1, 2)),
     ("proportional", "HL8"): Expected(0.95, 1, (1, 2)),
     ("proportional", "steps"): Expected(0.97, 1, (4, 6)),
-    ("proportional", "noisy"): Expected(0.94, 4, (2, 16)),
+    ("proportional", "noisy"): Expected(0.94, 4, (1, 16)),
     ("proportional", "gpu"): Expected(0.96, 1, (1, 3)),
     # the learned-maximum rule caps the rank at 64 (its size before it slowed, under its cap
     # of 96 where the optimum runs it) once the second collapse past its cap confirms the
@@ -103,19 +103,19 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("stepwise", "memory"): Expected(0.90, NEVER, (8, 14), stretch=4),
     # no dead-band in paper 004: small moves go on under noise
     ("updates", "HL2"): Expected(0.98, 4, (3, 15)),
-    ("updates", "HL4"): Expected(0.98, 6, (6, 15)),
+    ("updates", "HL4"): Expected(0.97, 6, (6, 15)),
     ("updates", "HL8"): Expected(0.96, 9, (8, 28)),
     ("updates", "steps"): Expected(0.97, 10, (25, 48)),
-    ("updates", "noisy"): Expected(0.94, 9, (22, 30)),
+    ("updates", "noisy"): Expected(0.94, 9, (15, 30)),
     ("updates", "gpu"): Expected(0.97, 6, (6, 16)),
     # timing alone: the capped rank's time rises past its cap, so it settles at the optimum
-    ("updates", "memory"): Expected(0.96, 4, (12, 26)),
+    ("updates", "memory"): Expected(0.96, 4, (8, 26)),
     # with HeteroStrategy's dead-band: as fast, about half the plan changes
     ("updates-deadband", "HL2"): Expected(0.96, 4, (2, 5)),
     ("updates-deadband", "HL4"): Expected(0.95, 6, (3, 8)),
     ("updates-deadband", "HL8"): Expected(0.95, 8, (4, 10)),
     ("updates-deadband", "steps"): Expected(0.95, 10, (15, 30)),
-    ("updates-deadband", "noisy"): Expected(0.95, 9, (6, 18)),
+    ("updates-deadband", "noisy"): Expected(0.95, 9, (5, 18)),
     ("updates-deadband", "gpu"): Expected(0.96, 6, (3, 8)),
     ("updates-deadband", "memory"): Expected(0.94, 4, (2, 9)),
     # co-located jobs come and go (traces.py): nobody foresees a job that starts next interval.
@@ -123,7 +123,7 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     # and stays one more boundary, reads as a per-step floor and holds the rank at its old
     # size for 10 boundaries: 0.81 against 0.84 mean steady efficiency over seeds 0-9.
     # Omnilearn's seed 6 never gets back to 0.95 in one phase.
-    ("proportional", "resources"): Expected(0.67, 60, (58, 88)),
+    ("proportional", "resources"): Expected(0.67, 60, (58, 89)),
     ("omnilearn", "resources"): Expected(0.65, 60, (62, 92)),
     ("stepwise", "resources"): Expected(0.55, NEVER, (2, 8)),
     ("updates", "resources"): Expected(0.75, 8, (90, 100)),
@@ -146,7 +146,7 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("lbbsp-last", "noisy"): Expected(0.94, 2, (1, 8)),
     ("lbbsp-last", "gpu"): Expected(0.96, 1, (1, 2)),
     ("lbbsp-last", "memory"): Expected(0.35, NEVER, (28, 30)),
-    ("lbbsp-last", "resources"): Expected(0.75, 6, (65, 90)),
+    ("lbbsp-last", "resources"): Expected(0.75, 29, (65, 90)),
     # a fixed cost per step (the "-fixed" scenarios, "gpu-flat"): proportional control reads
     # the fast workers as slower than they are and closes the gap in shrinking steps
     ("proportional", "HL2-fixed"): Expected(0.95, 1, (1, 3)),
@@ -167,18 +167,18 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("stepwise", "gpu-flat"): Expected(0.97, 60, (14, 17), stretch=4),
     ("updates", "HL2-fixed"): Expected(0.99, 4, (4, 10)),
     ("updates", "HL4-fixed"): Expected(0.98, 7, (10, 15)),
-    ("updates", "HL8-fixed"): Expected(0.98, 11, (15, 23)),
-    ("updates", "steps-fixed"): Expected(0.98, 11, (40, 52)),
+    ("updates", "HL8-fixed"): Expected(0.98, 11, (14, 23)),
+    ("updates", "steps-fixed"): Expected(0.98, 11, (37, 52)),
     ("updates", "gpu-flat"): Expected(0.97, 6, (10, 15)),
     ("updates-deadband", "HL2-fixed"): Expected(0.97, 4, (3, 6)),
-    ("updates-deadband", "HL4-fixed"): Expected(0.96, 7, (6, 10)),
+    ("updates-deadband", "HL4-fixed"): Expected(0.95, 7, (6, 10)),
     ("updates-deadband", "HL8-fixed"): Expected(0.95, 11, (10, 15)),
     ("updates-deadband", "steps-fixed"): Expected(0.97, 11, (28, 35)),
     ("updates-deadband", "gpu-flat"): Expected(0.96, 6, (6, 9)),
     # the EMA of speeds that the fixed cost makes depend on the batch: slow to settle
     ("lbbsp", "HL2-fixed"): Expected(0.95, 1, (1, 2)),
     ("lbbsp", "HL4-fixed"): Expected(0.97, 20, (3, 5)),
-    ("lbbsp", "HL8-fixed"): Expected(0.93, NEVER, (5, 9)),
+    ("lbbsp", "HL8-fixed"): Expected(0.93, 20, (5, 9)),
     ("lbbsp", "steps-fixed"): Expected(0.90, NEVER, (28, 36)),
     ("lbbsp", "gpu-flat"): Expected(0.94, 14, (3, 6)),
     ("lbbsp-last", "HL2-fixed"): Expected(0.95, 1, (1, 3)),
@@ -193,7 +193,7 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("model", "HL4"): Expected(0.98, 1, (1, 2)),
     ("model", "HL8"): Expected(0.98, 1, (1, 2)),
     ("model", "steps"): Expected(0.98, 1, (4, 5)),
-    ("model", "noisy"): Expected(0.95, 2, (2, 10)),
+    ("model", "noisy"): Expected(0.95, 2, (1, 10)),
     ("model", "gpu"): Expected(0.97, 1, (1, 2)),
     ("model", "memory"): Expected(0.99, 3, (3, 5)),
     ("model", "resources"): Expected(0.75, 18, (60, 95)),
@@ -242,7 +242,7 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     # gets within 1% of the optimum for a few more plan changes (reverts count); on
     # "memory" a collapse past the cap is undone after one boundary and re-tried at half
     # the step (seed 5 then gets to 0.95, after 14 boundaries).
-    ("proportional-auto", "HL2"): Expected(0.98, 1, (2, 12)),
+    ("proportional-auto", "HL2"): Expected(0.98, 1, (1, 12)),
     ("proportional-auto", "HL4"): Expected(0.97, 1, (1, 8)),
     ("proportional-auto", "HL8"): Expected(0.97, 1, (1, 8)),
     ("proportional-auto", "steps"): Expected(0.98, 2, (6, 20)),
@@ -276,6 +276,18 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("model-auto", "loader"): Expected(0.98, 1, (1, 4)),
     ("model-auto", "floor"): Expected(0.98, 0, (5, 20)),
     ("model-auto", "floor-slow"): Expected(0.97, 1, (4, 15)),
+    # issue 33's busy node: speeds 1 : 1/1.5 under 200 ms stalls on 15% of steps; the plan
+    # follows the speeds in one change and the stalls move it no more
+    ("proportional", "noisy-node"): Expected(0.99, 1, (1, 2)),
+    ("omnilearn", "noisy-node"): Expected(0.99, 1, (1, 2)),
+    ("stepwise", "noisy-node"): Expected(0.91, 6, (1, 6)),
+    ("updates", "noisy-node"): Expected(0.99, 3, (1, 5)),
+    ("updates-deadband", "noisy-node"): Expected(0.99, 3, (1, 5)),
+    ("lbbsp", "noisy-node"): Expected(0.99, 1, (1, 2)),
+    ("lbbsp-last", "noisy-node"): Expected(0.99, 1, (1, 2)),
+    ("model", "noisy-node"): Expected(0.99, 1, (1, 2)),
+    ("proportional-auto", "noisy-node"): Expected(0.99, 1, (1, 2)),
+    ("model-auto", "noisy-node"): Expected(0.99, 1, (1, 2)),
 }
 # fmt: on
 

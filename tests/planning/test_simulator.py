@@ -6,6 +6,8 @@ from collections.abc import Sequence
 import pytest
 
 from lightning_hetero.planning.base import BatchLimits
+from lightning_hetero.planning.guard import StepTimeGuard
+from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.simulator import (
     HETEROGENEITY_LEVELS,
     ClusterSimulator,
@@ -212,3 +214,34 @@ def test_adjustments_to_balance_is_zero_when_already_balanced() -> None:
 
 def test_adjustments_to_balance_is_none_when_never_reached() -> None:
     assert history((0.3, True), (0.6, True)).adjustments_to_balance() is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_noisy_node_plan_follows_the_speeds_and_not_the_stalls(seed: int) -> None:
+    # issue 33: the second rank 1.5x slower per sample, each rank stalling 200 ms on 15%
+    # of its steps; the strategy's defaults (auto dead-band, guard)
+    sim = ClusterSimulator(
+        [SimulatedWorker(0.01), SimulatedWorker(0.015)], noise=0.02, stalls=(0.15, 0.2), seed=seed
+    )
+    controller = ProportionalController(deadband="auto")
+    result = sim.run(controller, [32, 32], BatchLimits.build(2, 64), 30, guard=StepTimeGuard())
+    proportional = 64 * 0.6  # speeds 1 : 1/1.5
+    near = [abs(plan[0] - proportional) <= 0.15 * proportional for plan in result.plans]
+    first = near.index(True)
+    assert first <= 3 and all(near[first:]), result.plans
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_equal_ranks_under_the_same_stalls_stay_near_uniform(seed: int) -> None:
+    sim = ClusterSimulator([SimulatedWorker(0.01)] * 2, noise=0.02, stalls=(0.15, 0.2), seed=seed)
+    controller = ProportionalController(deadband="auto")
+    result = sim.run(controller, [32, 32], BatchLimits.build(2, 64), 30, guard=StepTimeGuard())
+    assert all(abs(plan[0] - 32) <= 3.2 for plan in result.plans), result.plans
+
+
+def test_stalls_are_checked_and_add_their_seconds_to_some_steps() -> None:
+    with pytest.raises(ValueError, match="`stalls` must be"):
+        ClusterSimulator([SimulatedWorker(0.01)], stalls=(1.5, 0.2))
+    sim = ClusterSimulator([SimulatedWorker(0.01)], stalls=(0.5, 1.0), seed=0)
+    times = [sim.step_s([10], 0)[0] for _ in range(200)]
+    assert set(round(t, 9) for t in times) == {0.1, 1.1}
