@@ -1,7 +1,9 @@
 """Micro-batch sizes, batch cutting and the option's checks (no process group)."""
 
+import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
 from lightning_hetero.microbatch import micro_bounds, micro_sizes, split_batch, step_loss
@@ -42,9 +44,7 @@ def test_the_loss_is_read_as_lightning_reads_it():
         step_loss(None)
 
 
-@pytest.mark.parametrize(
-    "value", [0, -1, 2.5, True, "big", [], [2, 0], [2, "a"], (1.5,), {"a": 1}]
-)
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "big", [], [2, 0], [2, "a"], (1.5,), {"a": 1}])
 def test_bad_micro_batch_sizes_are_refused_at_construction_naming_the_option(value):
     with pytest.raises(ValueError, match="`micro_batch_size` must be"):
         HeteroStrategy(micro_batch_size=value)
@@ -70,3 +70,71 @@ def test_modes_without_micro_batches_refuse_the_option(mode):
 def test_the_sharded_strategy_refuses_micro_batches_until_they_are_exact_there():
     with pytest.raises(ValueError, match="not yet under HeteroFSDPStrategy"):
         HeteroFSDPStrategy(micro_batch_size=4)
+
+
+@pytest.mark.parametrize(("given", "expected"), [("[2, 8]", [2, 8]), ("4", 4), ("auto", "auto")])
+def test_the_option_from_lightning_cli(given, expected):
+    from tests.test_strategy import _cli
+
+    cli = _cli(
+        [
+            "--trainer.strategy=lightning_hetero.HeteroStrategy",
+            f"--trainer.strategy.micro_batch_size={given}",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+        ]
+    )
+    assert cli.trainer.strategy.micro_batch_size == expected
+
+
+def test_the_option_from_yaml(tmp_path):
+    from tests.test_strategy import _cli
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "trainer:\n"
+        "  accelerator: cpu\n"
+        "  devices: 2\n"
+        "  strategy:\n"
+        "    class_path: lightning_hetero.HeteroStrategy\n"
+        "    init_args:\n"
+        "      global_batch_size: 32\n"
+        "      micro_batch_size: [4, 2]\n"
+    )
+    strategy = _cli([f"--config={config}"]).trainer.strategy
+    assert strategy.micro_batch_size == [4, 2]
+
+
+class _Manual(BoringModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+
+@pytest.mark.parametrize(
+    ("model", "trainer_options", "message"),
+    [
+        (_Manual, {}, "_Manual uses manual optimization"),
+        (
+            BoringModel,
+            {"accumulate_grad_batches": 4},
+            "`accumulate_grad_batches=4` both accumulate.*global_batch_size.*micro_batch_size",
+        ),
+    ],
+)
+def test_what_micro_batches_cannot_run_exactly_is_refused_at_set_up(
+    tmp_path, model, trainer_options, message
+):
+    trainer = pl.Trainer(
+        strategy=HeteroStrategy(micro_batch_size=2),
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **trainer_options,
+    )
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(model())

@@ -211,7 +211,7 @@ class Throttle(Callback):
         # under the hetero strategy's micro-batches each backward is one micro-batch's: it
         # costs its own samples plus the fixed `step_cost`, as a Lightning batch of
         # gradient accumulation does under DDP
-        micro = getattr(trainer.strategy, "micro_batch_samples", None)
+        micro = getattr(getattr(trainer, "strategy", None), "micro_batch_samples", None)
         samples = self._batch_size if micro is None else micro
         self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, samples)[1]))
 
