@@ -138,3 +138,40 @@ def test_what_micro_batches_cannot_run_exactly_is_refused_at_set_up(
     )
     with pytest.raises(ValueError, match=message):
         trainer.fit(model())
+
+
+class _Sizes(BoringModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(len(batch))
+        return super().training_step(batch, batch_idx)
+
+
+def test_auto_takes_each_ranks_micro_batch_bound_from_the_memory_probe(tmp_path, monkeypatch):
+    from lightning_hetero import _probes
+
+    found = {"max_batch_sizes": [3], "fixed_bytes": [0.0], "per_sample_bytes": [1.0]}
+    monkeypatch.setattr(_probes.StepProbe, "memory", lambda self, total, sizes, safety: found)
+    strategy = HeteroStrategy(micro_batch_size="auto", controller="static")
+    trainer = pl.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    model = _Sizes()
+    model.train_dataloader = lambda: torch.utils.data.DataLoader(
+        torch.randn(64, 32), batch_size=8
+    )
+    trainer.fit(model)
+    assert strategy.micro_bounds == [3]
+    # memory bounds the micro-batch, never the share: the batch stays 8, run as 3 + 3 + 2
+    assert strategy.batch_sizes == [8] and strategy.plan_state.measured_max is None
+    assert model.seen == [3, 3, 2] * 2
