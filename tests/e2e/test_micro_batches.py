@@ -75,3 +75,14 @@ def test_one_micro_batch_beside_eight_finishes_exactly_under_bf16(tmp_path):
     # or any accumulation's): exact to bf16's precision (8 bits), not to float32's
     for name, value in expected.items():
         torch.testing.assert_close(got["state"][name], value, atol=2e-3, rtol=0)
+
+
+def test_a_resumed_run_keeps_the_plan_and_the_bounds_and_stays_exact(tmp_path):
+    plan, bounds = [3, 7], [2, 3]  # B = 10, as the script's global_batch_size
+    run_script("micro_resume.py", str(tmp_path), json.dumps(plan), json.dumps(bounds))
+    got = torch.load(tmp_path / "resumed.pt")
+    assert got["plan"] == plan  # from the checkpoint, not the resumed run's uniform start
+    assert got["seen"] == [micro_sizes(3, 2), micro_sizes(7, 3)]  # the second epoch's step
+    expected, _ = reference(plan, bounds, steps=2)
+    for name, value in expected.items():
+        torch.testing.assert_close(got["state"][name], value, atol=1e-5, rtol=0)
