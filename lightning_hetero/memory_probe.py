@@ -34,9 +34,9 @@ stop probing at different sizes, and a collective in the step would then hang.
 
 import copy
 import ctypes
-import os
 import ctypes.util
 import gc
+import os
 import random
 import sys
 import threading

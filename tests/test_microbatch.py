@@ -167,9 +167,7 @@ def test_auto_takes_each_ranks_micro_batch_bound_from_the_memory_probe(tmp_path,
         default_root_dir=tmp_path,
     )
     model = _Sizes()
-    model.train_dataloader = lambda: torch.utils.data.DataLoader(
-        torch.randn(64, 32), batch_size=8
-    )
+    model.train_dataloader = lambda: torch.utils.data.DataLoader(torch.randn(64, 32), batch_size=8)
     trainer.fit(model)
     assert strategy.micro_bounds == [3]
     # memory bounds the micro-batch, never the share: the batch stays 8, run as 3 + 3 + 2

@@ -2,8 +2,8 @@
 
 usage: python micro_resume.py DIR PLAN BOUNDS
 The first run starts from the explicit plan PLAN; the resumed one is given only the bounds
-and the global batch (``batch_sizes="uniform"``): the plan comes from the checkpoint. Rank 0 saves what the
-resumed run did in DIR/resumed.pt.
+and the global batch (``batch_sizes="uniform"``): the plan comes from the checkpoint. Rank 0
+saves what the resumed run did in DIR/resumed.pt.
 """
 
 import json
