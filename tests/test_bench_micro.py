@@ -30,3 +30,9 @@ def test_the_pair_is_ddp_with_accumulation_against_one_global_batch_of_micro_bat
 def test_the_ratio_is_of_steady_epochs():
     pair = {"ddp": {"epoch_s": [9.0, 9.0, 2.0, 2.0]}, "hetero": {"epoch_s": [5.0, 1.0, 1.0, 1.0]}}
     assert ratio(pair, skip=2) == 2.0
+
+
+def test_the_unit_scales_every_emulated_cost_and_keeps_the_ideal():
+    shared, _ = configs(unit=0.005)
+    assert shared["sample_cost"] == pytest.approx([0.005, 0.015])
+    assert shared["step_cost"] == pytest.approx(0.005)
