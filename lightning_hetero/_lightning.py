@@ -7,7 +7,8 @@ when a Lightning release drops one of them. The one copy of a Lightning method's
 upgrade touches this file only.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from lightning.fabric.plugins.environments import (
@@ -41,6 +42,8 @@ __all__ = [
     "model_parallel_setup",
     "name_unused_parameters_fix",
     "request_train_reload",
+    "running_hook",
+    "set_logged_batch",
     "settle_logged_metrics",
 ]
 
@@ -56,6 +59,8 @@ PRIVATE_ATTRIBUTES = (
     ("_logger_connector", "_first_loop_iter"),
     ("fit_loop.epoch_loop", "_broadcast_sigterm_tensor"),
     ("fit_loop.epoch_loop", "_batches_that_stepped"),
+    ("", "_results"),
+    ("lightning_module", "_current_fx_name"),
 )
 #: Private functions of Lightning used here (``module``, ``name``).
 PRIVATE_FUNCTIONS = (
@@ -223,3 +228,33 @@ def model_parallel_setup(
     strategy.setup_precision_plugin()
     if trainer.state.fn == TrainerFn.FITTING:
         _optimizers_to_device(strategy.optimizers, strategy.root_device)
+
+
+def set_logged_batch(trainer: "pl.Trainer", batch: object) -> None:
+    """Make ``self.log`` infer its batch size from ``batch`` from now on in this step.
+
+    Lightning keeps the step's batch on its result collection (``trainer._results.batch``,
+    set by the logger connector's ``on_batch_start``) and caches the size it extracts from it
+    (``batch_size``); a micro-batch's logged values weigh its own samples, as they would were
+    each micro-batch a Lightning batch of gradient accumulation.
+    """
+    results = trainer._results
+    if results is not None:
+        results.batch = batch
+        results.batch_size = None
+
+
+@contextmanager
+def running_hook(module: "pl.LightningModule", name: str) -> Iterator[None]:
+    """Run code as Lightning's hook ``name``, as its ``_call_strategy_hook`` does.
+
+    ``self.log`` files what is logged under the hook running now (the module's
+    ``_current_fx_name``); a micro-batch's ``training_step`` called by the strategy, rather
+    than by the loop, logs into the same results as the step's first micro-batch.
+    """
+    previous = module._current_fx_name
+    module._current_fx_name = name
+    try:
+        yield
+    finally:
+        module._current_fx_name = previous

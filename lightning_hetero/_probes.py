@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from lightning_hetero._optim import patched
 from lightning_hetero.context import RunContext
-from lightning_hetero.memory_probe import auto_max_batch_size, preserved_state
+from lightning_hetero.memory_probe import auto_max_batch_size, budget_sharers, preserved_state
 from lightning_hetero.planning import probe_sizes
 from lightning_hetero.planning.dual import TimeModel
 from lightning_hetero.resources import reset_peak_memory
@@ -128,8 +128,9 @@ class StepProbe:
         sizes = sizes or probe_sizes(largest)
         device = ctx.device
         devices = ctx.devices or [device]
-        # ranks sharing what the probe measures: the GPU on CUDA, the host's memory on CPU
-        share = sum(d == device for d in devices) if device.type == "cuda" else len(devices)
+        # ranks sharing what the probe measures: the GPU on CUDA (unless MPS partitions
+        # it), the host's memory on CPU
+        share = budget_sharers(device, devices)
         instead = "; set `max_batch_size` explicitly with manual optimization"
         with self.steps("max_batch_size='auto'", instead) as step:
             bound, model, result = auto_max_batch_size(

@@ -55,7 +55,10 @@ class Throttle(Callback):
     costs per step (``step_cost``) and noise. On a batch of ``b`` samples rank ``k`` sleeps
     ``load_cost[k] * b`` in ``on_train_batch_start`` (before the forward, where
     ``DataLoader(num_workers=0)`` loads) and ``max(floor[k], sample_cost[k] * b) +
-    step_cost[k]`` in ``on_before_backward``; see :meth:`delay_s`.
+    step_cost[k]`` in ``on_before_backward``; see :meth:`delay_s`. A step that the hetero
+    strategy runs as micro-batches (``micro_batch_size``) has one backward per micro-batch,
+    each charged its own samples, ``floor`` and ``step_cost``, as the batches of Lightning's
+    gradient accumulation are under DDP.
 
     Args:
         sample_cost: seconds per sample, one entry per global rank; or a mapping
@@ -207,7 +210,12 @@ class Throttle(Callback):
     def on_before_backward(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", loss: Any
     ) -> None:
-        self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, self._batch_size)[1]))
+        # under the hetero strategy's micro-batches each backward is one micro-batch's: it
+        # costs its own samples plus the fixed `step_cost`, as a Lightning batch of
+        # gradient accumulation does under DDP
+        micro = getattr(getattr(trainer, "strategy", None), "micro_batch_samples", None)
+        samples = self._batch_size if micro is None else micro
+        self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, samples)[1]))
 
     def emulate_step(self, trainer: "pl.Trainer", batch: Any, samples: int | None = None) -> None:
         """Sleep what a step on ``batch`` of ``samples`` samples (default: as Lightning reads

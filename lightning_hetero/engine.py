@@ -6,8 +6,8 @@ handed to, the training loader of each rank and the weighted reduction of logged
 Each strategy adds its constructor and how it wraps the model.
 """
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -33,12 +33,21 @@ from lightning_hetero._lightning import (
     in_training_batch,
     name_unused_parameters_fix,
     request_train_reload,
+    running_hook,
+    set_logged_batch,
 )
 from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.callback import HeteroCallback
 from lightning_hetero.collectives import Collectives, destroy_at_exit, is_mean, weighted_mean_
 from lightning_hetero.context import RunContext
 from lightning_hetero.emulate import Throttle
+from lightning_hetero.microbatch import (
+    check_micro_batch_size,
+    micro_bounds,
+    micro_sizes,
+    split_batch,
+    step_loss,
+)
 from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
 from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
@@ -64,6 +73,7 @@ class HeteroOptions:
     global_batch_size: int | None = None
     min_batch_size: int | None = None
     max_batch_size: int | list[int] | Literal["auto"] | None = None
+    micro_batch_size: int | list[int] | Literal["auto"] | None = None
     memory_safety: float = 0.9
     probe_batch_sizes: list[int] | None = None
     deadband: float | Literal["auto"] = "auto"
@@ -89,7 +99,15 @@ def hetero_parts(
     registry (default: DDP's)."""
     check_replan_options(shared.deadband, shared.smoothing, options.adjust_every)
     check_probe_options(shared.memory_safety, shared.probe_batch_sizes)
+    check_micro_batch_size(shared.micro_batch_size)
     training_mode = build_mode(mode, shared.controller, shared.deadband, options, modes=modes)
+    if shared.micro_batch_size is not None and not training_mode.micro_batches:
+        raise ValueError(
+            "`micro_batch_size` runs under HeteroStrategy(mode='bsp') only (not yet under"
+            f" HeteroFSDPStrategy, nor the modes 'async' and 'local'), got"
+            f" {training_mode.option_text()}: remove `micro_batch_size` (`max_batch_size`"
+            " bounds each rank's batch), or train with HeteroStrategy(mode='bsp')."
+        )
     total = options.global_batch_size
     lower, upper = shared.min_batch_size, shared.max_batch_size
     initial = check_plan_options(shared.batch_sizes, total, lower, upper)
@@ -128,6 +146,16 @@ class HeteroEngine:
             training_mode, shared.smoothing, shared.adjust_every, guard=guard
         )
         self.memory_probe = None
+        #: The most samples a rank puts through the model at once, as given.
+        self.micro_batch_size = shared.micro_batch_size
+        #: Each rank's micro-batch bound, once known (set-up; ``"auto"``: the memory probe).
+        self.micro_bounds: list[int] | None = None
+        #: Samples of the micro-batch running now (``None`` outside micro-batched steps).
+        self.micro_batch_samples: int | None = None
+        # the step's micro-batches after its first: ``(batch, samples, other args, kwargs)``
+        self._micro_rest: list[tuple[Any, int, tuple[Any, ...], dict[str, Any]]] = []
+        # the step's whole batch and share, put back once its micro-batches ran
+        self._micro_whole: tuple[Any, tuple[int, int]] | None = None
         #: The run the re-planner, the mode and the probes work in (made at set-up).
         self.context: RunContext | None = None
         self._optimizers_ready = False  # set-up has built the optimizers
@@ -271,6 +299,8 @@ class HeteroEngine:
         self.replanner.bind(self.context)  # and the mode, which re-plans through it
         self._note_batch_norm()
         self.plan_state.check_world(self.world_size)
+        if self.micro_batch_size not in (None, "auto"):
+            self.micro_bounds = micro_bounds(self.micro_batch_size, self.world_size)
         if self.lightning_module is None:
             return  # a bare strategy, e.g. for its collectives, as DDPStrategy allows
         trainer = self.lightning_module.trainer
@@ -310,6 +340,29 @@ class HeteroEngine:
             refuse_step_counting(trainer, self.training_mode.option_text())
         if not self.training_mode.steps_together:
             check_own_sigterm_only(trainer)  # a per-step broadcast would tie the ranks again
+        if self.micro_batch_size is not None:
+            self._check_micro_batching(trainer)
+
+    def _check_micro_batching(self, trainer: "pl.Trainer") -> None:
+        """Refuse what micro-batches cannot run exactly (at set-up, before any step)."""
+        if not self.lightning_module.automatic_optimization:
+            raise ValueError(
+                f"`micro_batch_size` runs a rank's share of each step as micro-batches inside"
+                f" Lightning's automatic optimization; {type(self.lightning_module).__name__}"
+                " uses manual optimization. Remove `micro_batch_size` and cut the batch in your"
+                " `training_step`: scale each `manual_backward` loss by its samples / batch"
+                " size, and run all but the last in"
+                " `self.trainer.strategy.block_backward_sync()`."
+            )
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError(
+                f"`micro_batch_size` and the Trainer's"
+                f" `accumulate_grad_batches={trainer.accumulate_grad_batches}` both accumulate"
+                " gradients: plan the samples of one optimizer step as one global batch"
+                " instead: HeteroStrategy(global_batch_size=<loader batch x"
+                " accumulate_grad_batches x ranks>, micro_batch_size=<loader batch>) with"
+                " `accumulate_grad_batches=1` (see docs/memory.md)."
+            )
 
     def _lightning_setup(self, trainer: "pl.Trainer") -> None:
         """The Lightning strategy's own ``setup`` (a strategy replaces it where Lightning's
@@ -383,10 +436,14 @@ class HeteroEngine:
             agree=self.comm.any if sharded else None,
         )
         state = self.plan_state
-        if state.max_batch_size == "auto" and self.memory_probe is None:
+        micro_auto = self.micro_batch_size == "auto"
+        if (state.max_batch_size == "auto" or micro_auto) and self.memory_probe is None:
             total = state.global_batch_size or (loader.batch_size or 1) * self.world_size
             self.memory_probe = probe.memory(total, self.probe_batch_sizes, self.memory_safety)
+        if state.max_batch_size == "auto":
             state.measured_max = self.memory_probe["max_batch_sizes"]
+        if micro_auto:  # memory bounds the micro-batch, not the share
+            self.micro_bounds = list(self.memory_probe["max_batch_sizes"])
         own = self.training_mode.first_plan(loader, probe.time)
         return own or state.resolve(loader.batch_size, self.world_size)
 
@@ -463,6 +520,65 @@ class HeteroEngine:
         self.training_mode.post_backward()
 
     @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's training step; with ``micro_batch_size``, that of the step's first
+        micro-batch (the others run after its backward, see :meth:`_rest_after`)."""
+        sizes = self._step_micro_sizes()
+        if sizes is None:
+            return super().training_step(*args, **kwargs)
+        batch, other = args[0], args[1:]
+        first, *rest = split_batch(batch, sum(sizes), sizes)
+        self._micro_whole = (batch, self.training_mode.share)
+        self._micro_rest = [(part, n, other, kwargs) for part, n in zip(rest, sizes[1:])]
+        return self._micro_step(first, sizes[0], other, kwargs, last=False)
+
+    def _step_micro_sizes(self) -> list[int] | None:
+        """The sizes of this step's micro-batches; ``None``: the step runs as one batch."""
+        bounds = self.micro_bounds
+        module = self.lightning_module
+        if bounds is None or not (module.trainer.training and module.automatic_optimization):
+            return None
+        sizes = micro_sizes(self.training_mode.share[0], bounds[self.global_rank])
+        return sizes if len(sizes) > 1 else None
+
+    def _micro_step(
+        self, batch: Any, samples: int, other: tuple[Any, ...], kwargs: dict[str, Any], last: bool
+    ) -> Any:
+        """The training step of one micro-batch of ``samples``: its loss will weigh
+        ``samples / B``; all but the step's last run without DDP's gradient synchronization
+        (DDP decides in the forward whether the backward reduces)."""
+        assert self._micro_whole is not None
+        self.training_mode.share = (samples, self._micro_whole[1][1])
+        self.micro_batch_samples = samples
+        set_logged_batch(self.lightning_module.trainer, batch)  # self.log weighs its samples
+        with nullcontext() if last else self.block_backward_sync():
+            return super().training_step(batch, *other, **kwargs)
+
+    def _rest_after(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
+        """``closure`` (the first micro-batch's step, zero-grad and backward), then the
+        forward and backward of each of the step's other micro-batches."""
+
+        def run() -> Any:
+            result = closure()
+            rest, self._micro_rest = self._micro_rest, []
+            if self._micro_whole is None:
+                return result  # the step ran as one batch
+            module = self.lightning_module
+            for index, (batch, samples, other, kwargs) in enumerate(rest):
+                last = index == len(rest) - 1
+                with running_hook(module, "training_step"):
+                    output = self._micro_step(batch, samples, other, kwargs, last=last)
+                with running_hook(module, "backward"):
+                    self.backward(step_loss(output), optimizer)
+            # as the step's start left them: its share, and the whole batch for logging
+            whole, self.training_mode.share = self._micro_whole
+            self._micro_whole = self.micro_batch_samples = None
+            set_logged_batch(self.lightning_module.trainer, whole)
+            return result
+
+        return run
+
+    @override
     def optimizer_step(
         self,
         optimizer: torch.optim.Optimizer,
@@ -471,6 +587,7 @@ class HeteroEngine:
         **kwargs: Any,
     ) -> Any:
         run = super().optimizer_step
+        closure = self._rest_after(closure, optimizer)
         return self.training_mode.optimizer_step(
             optimizer, lambda: run(optimizer, closure, model, **kwargs)
         )

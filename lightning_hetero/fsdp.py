@@ -56,7 +56,8 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     The other options (``controller``, ``batch_sizes``, ``global_batch_size``,
     ``min_batch_size``, ``max_batch_size``, ``memory_safety``, ``probe_batch_sizes``,
     ``deadband``, ``revert_slower``, ``smoothing``, ``adjust_every``, ``shuffle``) mean what
-    they mean for :class:`~lightning_hetero.HeteroStrategy`.
+    they mean for :class:`~lightning_hetero.HeteroStrategy`. ``micro_batch_size`` is refused
+    here for now (its FSDP2 form is not built yet): bound each rank with ``max_batch_size``.
     """
 
     strategy_name = "hetero_fsdp"
@@ -76,6 +77,7 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
         global_batch_size: int | None = None,
         min_batch_size: int | None = None,
         max_batch_size: int | list[int] | Literal["auto"] | None = None,
+        micro_batch_size: int | list[int] | Literal["auto"] | None = None,
         memory_safety: float = 0.9,
         probe_batch_sizes: list[int] | None = None,
         deadband: float | Literal["auto"] = "auto",

@@ -24,7 +24,7 @@ What "memory" means here, per device:
   is the host's available memory (``psutil.virtual_memory().available``), capped by
   the headroom of the process's memory cgroup when it has a limit (a container):
   the memory the process can still gain without swapping or being killed. Ranks that
-  share a host share this budget; divide it among them.
+  share a host share this budget; divide it among them (:func:`budget_sharers`).
 
 Probing must not change training. Wrap it in :func:`preserved_state`, which puts the
 parameters, buffers, gradients, optimizer state and random number generators back.
@@ -36,10 +36,11 @@ import copy
 import ctypes
 import ctypes.util
 import gc
+import os
 import random
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -57,6 +58,7 @@ from lightning_hetero.resources import reset_peak_memory
 __all__ = [
     "ProbeResult",
     "auto_max_batch_size",
+    "budget_sharers",
     "cuda_budget_bytes",
     "host_budget_bytes",
     "is_out_of_memory",
@@ -136,6 +138,28 @@ def cuda_budget_bytes(device: torch.device) -> float:
     free, _ = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return float(free + cached)
+
+
+#: The environment variable that gives each MPS client its own device-memory limit.
+MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
+def budget_sharers(
+    device: torch.device,
+    devices: Sequence[torch.device],
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """How many ranks split the budget this rank measured: ranks on its GPU, or on its host.
+
+    ``devices``: this host's ranks' devices. Under MPS with a per-client memory limit
+    (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` set for this process), ``torch.cuda.mem_get_info``
+    already reports this client's own limit: the device partitions the memory, and dividing
+    it again by the ranks on the GPU would bound this rank to a fraction of what it holds.
+    """
+    environ = os.environ if environ is None else environ
+    if device.type == "cuda":
+        return 1 if environ.get(MPS_MEMORY_LIMIT) else sum(d == device for d in devices)
+    return len(devices)
 
 
 def host_budget_bytes(cgroup_root: Path = _cgroup.DEFAULT_ROOT) -> float:

@@ -63,6 +63,14 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             ``memory = fixed + per_sample * b`` and takes the largest ``b`` that stays under
             ``memory_safety`` of its free memory (model, optimizer and random state are put
             back afterwards; see ``docs/controllers.md``).
+        micro_batch_size: the most samples a rank puts through the model at once (default:
+            its whole batch): one number, one per rank, or ``"auto"`` (each rank's bound from
+            the memory probe of ``max_batch_size="auto"``). Rank ``k`` runs its ``b_k``
+            samples of a step as ``ceil(b_k / m_k)`` micro-batches inside one Lightning
+            step, gradients accumulated locally and synchronized once (DDP's ``no_sync`` for
+            all but the last), each loss weighted by its samples: the optimizer step is
+            still one step on the global batch, and memory bounds the micro-batch, never
+            the share. ``mode="bsp"``, automatic optimization only; see ``docs/memory.md``.
         memory_safety: fraction of the free memory ``max_batch_size="auto"`` plans for, in
             ``(0, 1]``.
         probe_batch_sizes: batch sizes ``max_batch_size="auto"`` probes (default: four
@@ -137,6 +145,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         global_batch_size: int | None = None,
         min_batch_size: int | None = None,
         max_batch_size: int | list[int] | Literal["auto"] | None = None,
+        micro_batch_size: int | list[int] | Literal["auto"] | None = None,
         memory_safety: float = 0.9,
         probe_batch_sizes: list[int] | None = None,
         deadband: float | Literal["auto"] = "auto",

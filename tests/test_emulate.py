@@ -276,3 +276,21 @@ def test_emulate_step_counts_the_samples_it_is_given(monkeypatch):
     slept.clear()
     Throttle([0.1]).emulate_step(_trainer(world_size=1), torch.zeros(5, 3))  # from the batch
     assert sum(slept) == pytest.approx(0.5)
+
+
+def test_each_micro_batch_backward_costs_its_own_samples_and_the_fixed_cost(monkeypatch):
+    # the hetero strategy runs a step of 10 samples as micro-batches of 4, 3 and 3: each
+    # backward is charged its micro-batch's samples plus step_cost, loading once per step
+    throttle = Throttle([0.01], load_cost=0.001, step_cost=0.002)
+    slept = _record_sleeps(monkeypatch)
+    trainer = SimpleNamespace(
+        global_rank=0, current_epoch=0, global_step=0, strategy=SimpleNamespace()
+    )
+    throttle.on_train_batch_start(trainer, None, torch.zeros(10, 3), 0)
+    for samples in (4, 3, 3):
+        trainer.strategy.micro_batch_samples = samples
+        throttle.on_before_backward(trainer, None, None)
+    assert slept == pytest.approx([0.01, 0.042, 0.032, 0.032])
+    trainer.strategy.micro_batch_samples = None  # a step run whole: its batch
+    throttle.on_before_backward(trainer, None, None)
+    assert slept[-1] == pytest.approx(0.102)

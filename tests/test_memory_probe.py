@@ -1,5 +1,7 @@
+import contextlib
 import copy
 import mmap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from lightning_hetero import memory_probe
 from lightning_hetero.memory_probe import (
     ProbeResult,
     auto_max_batch_size,
+    budget_sharers,
     cuda_budget_bytes,
     host_budget_bytes,
     is_out_of_memory,
@@ -552,3 +555,43 @@ def test_probe_runs_after_the_optimizers_exist_when_configure_optimizers_loads_t
     assert probe_steps > 0 and trainer.strategy.memory_probe is not None
     assert set(model.optimizers_seen) == {1}  # the probe's steps too: optimizer state counts
     assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 8
+
+
+def test_ranks_on_a_gpu_split_its_budget_unless_mps_gives_each_client_its_own_limit():
+    gpu0, gpu1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    devices = [gpu0, gpu0, gpu0, gpu1]
+    assert budget_sharers(gpu0, devices, environ={}) == 3
+    assert budget_sharers(gpu1, devices, environ={}) == 1
+    # under MPS with a per-client limit, mem_get_info reports the client's own budget
+    limited = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3G"}
+    assert budget_sharers(gpu0, devices, environ=limited) == 1
+    # host memory is shared by every rank of the host, MPS or not
+    cpu = torch.device("cpu")
+    assert budget_sharers(cpu, [cpu] * 4, environ=limited) == 4
+
+
+def test_the_probe_plans_an_mps_limited_client_for_its_whole_reported_budget(monkeypatch):
+    # four ranks on one GPU; an MPS client limited to 3 GiB sees that limit in mem_get_info
+    from lightning_hetero import _probes
+
+    seen = {}
+
+    def fake_auto(step, sizes, device, safety, cap, share, agree):
+        seen["share"] = share
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(_probes, "auto_max_batch_size", fake_auto)
+    monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=3G")
+    gpu = torch.device("cuda", 0)
+    probe = _probes.StepProbe.__new__(_probes.StepProbe)
+    probe.context = SimpleNamespace(device=gpu, devices=[gpu] * 4)
+    probe.loader = SimpleNamespace(dataset=range(100))
+    probe.agree = None
+    monkeypatch.setattr(probe, "steps", lambda *a, **k: contextlib.nullcontext(None), raising=False)
+    with pytest.raises(RuntimeError, match="stop here"):
+        probe.memory(32, [4, 8], 0.9)
+    assert seen["share"] == 1
+    monkeypatch.delenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+    with pytest.raises(RuntimeError, match="stop here"):
+        probe.memory(32, [4, 8], 0.9)
+    assert seen["share"] == 4

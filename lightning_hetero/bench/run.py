@@ -95,6 +95,9 @@ class RunConfig:
     # "ddp" only: each rank's compute and wait time per step, with HeteroStrategy's meter
     # (summary["step_times"], see StepTimes); off by default (a Python hook per parameter)
     step_times: bool = False
+    # Lightning's gradient accumulation (the DDP baseline of memory-bound ranks; the hetero
+    # strategy plans a step's samples as one global batch of micro-batches instead)
+    accumulate_grad_batches: int = 1
 
 
 def _validating_in_fit(trainer: pl.Trainer) -> bool:
@@ -374,6 +377,7 @@ def run(config: RunConfig) -> dict[str, Any]:
         num_sanity_val_steps=0,
         limit_val_batches=1.0 if config.val_every_epoch else 0,
         log_every_n_steps=1,
+        accumulate_grad_batches=config.accumulate_grad_batches,
     )
     model, data = _model_and_data(config)
     started = time.perf_counter()

@@ -87,6 +87,9 @@ class Mode:
     probe_steps_communicate: ClassVar[bool] = False
     #: The plan is fixed on purpose (no rank is "held" at its minimum by the controller).
     fixed_plan: ClassVar[bool] = False
+    #: Runs a rank's share of a step as micro-batches (``micro_batch_size``): the loss is
+    #: weighted by :attr:`share` and gradients accumulate until the step's last backward.
+    micro_batches: ClassVar[bool] = False
 
     def __init__(self, controller: Controller, options: ModeOptions) -> None:
         self.controller = controller
@@ -94,7 +97,8 @@ class Mode:
         self.context: RunContext | None = None
         self.replan: Replan | None = None
         self.sampler: Sampler[list[int]] | None = None
-        #: ``(b_k, B)`` of the current step: this rank's samples and the step's global batch.
+        #: ``(b_k, B)`` of the current step: this rank's samples and the step's global batch
+        #: (while micro-batches run, the samples of the one running now).
         self.share: tuple[int, int] = (1, 1)
         self._keyed: tuple[list[int] | None, int] = (None, 0)  # a plan and its checksum
 

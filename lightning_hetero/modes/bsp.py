@@ -26,6 +26,7 @@ class SynchronousMode(Mode):
     steps_together: ClassVar[bool] = True
     wraps_model: ClassVar[bool] = True
     replans_within_epoch: ClassVar[bool] = True
+    micro_batches: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -50,6 +50,10 @@ class SimulatedWorker:
     over_cap_slowdown: float = 4.0
     floor_s: float = 0.0
     load_s: float = 0.0
+    #: Samples the worker holds at once (``micro_batch_size``): a larger batch runs as
+    #: ``ceil(b / micro_batch)`` micro-batches of near-equal size, each its own device time
+    #: and ``overhead_s``. ``None``: the whole batch at once.
+    micro_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.sample_s <= 0 or self.overhead_s < 0:
@@ -58,14 +62,28 @@ class SimulatedWorker:
             raise ValueError("`over_cap_slowdown` must be >= 1.")
         if self.floor_s < 0 or self.load_s < 0:
             raise ValueError("`floor_s` and `load_s` must be >= 0.")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise ValueError(f"`micro_batch` must be >= 1, got {self.micro_batch}.")
 
     def step_s(self, batch_size: int, speed: float = 1.0) -> float:
         """Noise-free compute time of one step, for a worker running at ``speed`` x."""
+        device_s = sum(self._device_s(size) + self.overhead_s for size in self._parts(batch_size))
+        return device_s / speed + self.load_s * batch_size
+
+    def _device_s(self, batch_size: int) -> float:
         effective = max(batch_size, self.saturation_batch)
         if self.memory_cap is not None and batch_size > self.memory_cap:
             effective += (batch_size - self.memory_cap) * (self.over_cap_slowdown - 1.0)
-        device_s = max(self.floor_s, self.sample_s * effective)
-        return (device_s + self.overhead_s) / speed + self.load_s * batch_size
+        return max(self.floor_s, self.sample_s * effective)
+
+    def _parts(self, batch_size: int) -> list[int]:
+        """The micro-batches of a step (as the strategy cuts them: sizes differ by <= 1)."""
+        bound = self.micro_batch
+        if bound is None or batch_size <= bound:
+            return [batch_size]
+        parts = -(-batch_size // bound)
+        size, extra = divmod(batch_size, parts)
+        return [size + 1] * extra + [size] * (parts - extra)
 
     def memory_used(self, batch_size: int) -> float:
         """Fraction of the memory budget in use at ``batch_size``; ``nan`` without a cap."""

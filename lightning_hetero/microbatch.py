@@ -1,0 +1,127 @@
+"""Micro-batches: a rank's share of a step, run a few samples at a time.
+
+With ``micro_batch_size``, rank ``k`` runs its ``b_k`` samples of a step as
+``ceil(b_k / m_k)`` micro-batches of at most ``m_k`` samples (sizes differing by at most
+one), inside one Lightning training step. Each micro-batch's loss is weighted by its samples
+``/ B`` (times ``K``, as every rank's loss: see :meth:`Mode.scale_loss
+<lightning_hetero.modes.base.Mode.scale_loss>`), gradients accumulate locally, and only the
+last micro-batch's backward communicates, so every rank issues the same collectives once per
+optimizer step whatever its number of micro-batches. Torch mechanisms only: no controller.
+"""
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+
+__all__ = ["check_micro_batch_size", "micro_bounds", "micro_sizes", "split_batch", "step_loss"]
+
+
+def check_micro_batch_size(value: Any) -> None:
+    """Refuse a ``micro_batch_size`` that is not ``None``, an int >= 1, a non-empty list of
+    them (one per rank) or ``"auto"`` (at construction)."""
+    if value is None or value == "auto":
+        return
+    one = isinstance(value, int) and not isinstance(value, bool)
+    if one and value >= 1:
+        return
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, (str, bytes))
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    ):
+        return
+    raise ValueError(
+        "`micro_batch_size` must be None, an int >= 1 (every rank), a list of ints >= 1 (one"
+        f" per rank) or 'auto' (each rank's bound from the memory probe), got {value!r}."
+    )
+
+
+def micro_bounds(value: int | Sequence[int], world_size: int) -> list[int]:
+    """One micro-batch bound per rank from a checked ``micro_batch_size`` (not ``"auto"``)."""
+    if isinstance(value, int):
+        return [value] * world_size
+    if len(value) != world_size:
+        raise ValueError(
+            f"`micro_batch_size` has {len(value)} entries but there are {world_size} ranks:"
+            " give one bound per rank, or one number for every rank."
+        )
+    return list(value)
+
+
+def micro_sizes(samples: int, bound: int) -> list[int]:
+    """``ceil(samples / bound)`` sizes of at most ``bound`` that sum to ``samples``, the
+    larger ones first and differing by at most one (no tiny last micro-batch).
+
+    >>> micro_sizes(10, 4)
+    [4, 3, 3]
+    >>> micro_sizes(3, 4)
+    [3]
+    """
+    parts = max(1, math.ceil(samples / bound))
+    size, extra = divmod(samples, parts)
+    return [size + 1] * extra + [size] * (parts - extra)
+
+
+def split_batch(batch: Any, samples: int, sizes: Sequence[int]) -> list[Any]:
+    """``batch`` cut into consecutive micro-batches of ``sizes`` samples.
+
+    Every tensor whose first dimension is ``samples`` long is sliced (views, no copy), and so
+    is every list or tuple of ``samples`` non-tensor items that is a value of a dict batch
+    (e.g. file names); other values go unchanged to every micro-batch. Raises ``ValueError`` when
+    no tensor of the batch has ``samples`` rows.
+    """
+    found = False
+
+    def has_rows(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal found
+        found = found or (tensor.dim() > 0 and len(tensor) == samples)
+        return tensor
+
+    apply_to_collection(batch, torch.Tensor, has_rows)
+    if not found:
+        raise ValueError(
+            f"hetero: `micro_batch_size` cannot cut this rank's batch of {samples} samples: none"
+            f" of its tensors has {samples} rows (batch: {type(batch).__name__}). Micro-batches"
+            " slice the tensors of a batch along their first dimension; return samples first"
+            " from the collate function, or leave `micro_batch_size` unset."
+        )
+    parts = []
+    start = 0
+    for size in sizes:
+        stop = start + size
+
+        def cut(tensor: torch.Tensor, start: int = start, stop: int = stop) -> torch.Tensor:
+            return tensor[start:stop] if tensor.dim() > 0 and len(tensor) == samples else tensor
+
+        part = apply_to_collection(batch, torch.Tensor, cut)
+        if isinstance(part, dict):  # per-sample lists beside the tensors (e.g. names)
+            for key, value in part.items():
+                if _per_sample_list(value, samples):
+                    part[key] = value[start:stop]
+        parts.append(part)
+        start = stop
+    return parts
+
+
+def _per_sample_list(value: Any, samples: int) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) == samples
+        and not any(isinstance(v, torch.Tensor) for v in value)
+    )
+
+
+def step_loss(output: Any) -> torch.Tensor:
+    """The loss in a ``training_step``'s output (a tensor or a dict with ``"loss"``), as
+    Lightning's automatic optimization reads it."""
+    loss = output.get("loss") if isinstance(output, Mapping) else output
+    if not isinstance(loss, torch.Tensor):
+        raise ValueError(
+            "hetero: with `micro_batch_size`, every micro-batch's `training_step` must return"
+            f" the loss (a tensor, or a dict with 'loss'), got {type(output).__name__}."
+        )
+    return loss

@@ -1,0 +1,175 @@
+"""Micro-batch sizes, batch cutting and the option's checks (no process group)."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
+from lightning_hetero.microbatch import micro_bounds, micro_sizes, split_batch, step_loss
+
+
+@pytest.mark.parametrize(
+    ("samples", "bound", "expected"),
+    [(10, 4, [4, 3, 3]), (8, 1, [1] * 8), (3, 4, [3]), (8, 4, [4, 4]), (9, 2, [2, 2, 2, 2, 1])],
+)
+def test_micro_sizes_are_ceil_b_over_m_parts_of_at_most_m_that_sum_to_b(samples, bound, expected):
+    sizes = micro_sizes(samples, bound)
+    assert sizes == expected
+    assert len(sizes) == -(-samples // bound) and max(sizes) <= bound and sum(sizes) == samples
+
+
+def test_a_batch_is_cut_along_its_samples_and_other_values_go_to_every_part():
+    x, y = torch.arange(20.0).reshape(10, 2), torch.arange(10)
+    batch = {"x": x, "y": y, "names": [f"s{i}" for i in range(10)], "scale": torch.tensor(2.0)}
+    parts = split_batch(batch, 10, [4, 3, 3])
+    assert [len(p["x"]) for p in parts] == [4, 3, 3]
+    torch.testing.assert_close(torch.cat([p["x"] for p in parts]), x)
+    torch.testing.assert_close(torch.cat([p["y"] for p in parts]), y)
+    assert [n for p in parts for n in p["names"]] == batch["names"]
+    assert all(p["scale"] is batch["scale"] for p in parts)
+    first, second = split_batch([x, y], 10, [5, 5])  # a list batch (TensorDataset)
+    torch.testing.assert_close(second[0], x[5:])
+
+
+def test_a_batch_without_a_tensor_of_its_samples_is_refused_by_name():
+    with pytest.raises(ValueError, match="micro_batch_size.*none of its tensors has 6 rows"):
+        split_batch([torch.zeros(5, 2)], 6, [3, 3])
+
+
+def test_the_loss_is_read_as_lightning_reads_it():
+    loss = torch.tensor(1.0)
+    assert step_loss(loss) is loss and step_loss({"loss": loss, "x": 1}) is loss
+    with pytest.raises(ValueError, match="must return the loss"):
+        step_loss(None)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "big", [], [2, 0], [2, "a"], (1.5,), {"a": 1}])
+def test_bad_micro_batch_sizes_are_refused_at_construction_naming_the_option(value):
+    with pytest.raises(ValueError, match="`micro_batch_size` must be"):
+        HeteroStrategy(micro_batch_size=value)
+
+
+@pytest.mark.parametrize("value", [None, 4, [2, 8], "auto"])
+def test_good_micro_batch_sizes_are_kept_as_given(value):
+    assert HeteroStrategy(micro_batch_size=value).micro_batch_size == value
+
+
+def test_a_list_with_the_wrong_number_of_ranks_is_refused_with_the_count():
+    assert micro_bounds(3, 2) == [3, 3] and micro_bounds([1, 4], 2) == [1, 4]
+    with pytest.raises(ValueError, match="`micro_batch_size` has 3 entries but there are 2"):
+        micro_bounds([1, 2, 3], 2)
+
+
+@pytest.mark.parametrize("mode", ["async", "local"])
+def test_modes_without_micro_batches_refuse_the_option(mode):
+    with pytest.raises(ValueError, match=f"`micro_batch_size` runs under.*mode='{mode}'"):
+        HeteroStrategy(mode=mode, micro_batch_size=4)
+
+
+def test_the_sharded_strategy_refuses_micro_batches_until_they_are_exact_there():
+    with pytest.raises(ValueError, match="not yet under HeteroFSDPStrategy"):
+        HeteroFSDPStrategy(micro_batch_size=4)
+
+
+@pytest.mark.parametrize(("given", "expected"), [("[2, 8]", [2, 8]), ("4", 4), ("auto", "auto")])
+def test_the_option_from_lightning_cli(given, expected):
+    from tests.test_strategy import _cli
+
+    cli = _cli(
+        [
+            "--trainer.strategy=lightning_hetero.HeteroStrategy",
+            f"--trainer.strategy.micro_batch_size={given}",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=2",
+        ]
+    )
+    assert cli.trainer.strategy.micro_batch_size == expected
+
+
+def test_the_option_from_yaml(tmp_path):
+    from tests.test_strategy import _cli
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "trainer:\n"
+        "  accelerator: cpu\n"
+        "  devices: 2\n"
+        "  strategy:\n"
+        "    class_path: lightning_hetero.HeteroStrategy\n"
+        "    init_args:\n"
+        "      global_batch_size: 32\n"
+        "      micro_batch_size: [4, 2]\n"
+    )
+    strategy = _cli([f"--config={config}"]).trainer.strategy
+    assert strategy.micro_batch_size == [4, 2]
+
+
+class _Manual(BoringModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+
+@pytest.mark.parametrize(
+    ("model", "trainer_options", "message"),
+    [
+        (_Manual, {}, "_Manual uses manual optimization"),
+        (
+            BoringModel,
+            {"accumulate_grad_batches": 4},
+            "`accumulate_grad_batches=4` both accumulate.*global_batch_size.*micro_batch_size",
+        ),
+    ],
+)
+def test_what_micro_batches_cannot_run_exactly_is_refused_at_set_up(
+    tmp_path, model, trainer_options, message
+):
+    trainer = pl.Trainer(
+        strategy=HeteroStrategy(micro_batch_size=2),
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **trainer_options,
+    )
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(model())
+
+
+class _Sizes(BoringModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(len(batch))
+        return super().training_step(batch, batch_idx)
+
+
+def test_auto_takes_each_ranks_micro_batch_bound_from_the_memory_probe(tmp_path, monkeypatch):
+    from lightning_hetero import _probes
+
+    found = {"max_batch_sizes": [3], "fixed_bytes": [0.0], "per_sample_bytes": [1.0]}
+    monkeypatch.setattr(_probes.StepProbe, "memory", lambda self, total, sizes, safety: found)
+    strategy = HeteroStrategy(micro_batch_size="auto", controller="static")
+    trainer = pl.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    model = _Sizes()
+    model.train_dataloader = lambda: torch.utils.data.DataLoader(torch.randn(64, 32), batch_size=8)
+    trainer.fit(model)
+    assert strategy.micro_bounds == [3]
+    # memory bounds the micro-batch, never the share: the batch stays 8, run as 3 + 3 + 2
+    assert strategy.batch_sizes == [8] and strategy.plan_state.measured_max is None
+    assert model.seen == [3, 3, 2] * 2
