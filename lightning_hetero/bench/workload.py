@@ -186,11 +186,17 @@ class ReverseTransformer(pl.LightningModule):
 
     The schedule follows the fraction of the training epochs done (``warmup`` of them at
     the start), set at every batch start: it is the same function of the data seen in every
-    mode, also where ranks make different numbers of steps (dual batch, local SGD).
+    mode, also where ranks make different numbers of steps (dual batch, local SGD, where a
+    rank's epoch has no length and ``train_size`` samples shared by the ranks count).
     """
 
     def __init__(
-        self, lr: float = 5e-4, width: int = 64, warmup: float = 50 / 128, length: int = 16
+        self,
+        lr: float = 5e-4,
+        width: int = 64,
+        warmup: float = 50 / 128,
+        length: int = 16,
+        train_size: int = 8192,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -212,8 +218,12 @@ class ReverseTransformer(pl.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         trainer = self.trainer
-        steps = max(int(trainer.num_training_batches), 1)
-        done = (trainer.current_epoch + batch_idx / steps) / max(trainer.max_epochs or 1, 1)
+        steps = trainer.num_training_batches
+        if math.isfinite(steps) and steps > 0:
+            within = batch_idx / steps
+        else:  # claimed batches (local SGD): this rank's samples, as if the ranks kept pace
+            within = min(batch_idx * len(batch[0]) * trainer.world_size / self.hparams.train_size, 1)
+        done = (trainer.current_epoch + within) / max(trainer.max_epochs or 1, 1)
         warmup = self.hparams.warmup
         if done < warmup:
             factor = done / warmup
