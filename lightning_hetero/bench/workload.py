@@ -222,7 +222,8 @@ class ReverseTransformer(pl.LightningModule):
         if math.isfinite(steps) and steps > 0:
             within = batch_idx / steps
         else:  # claimed batches (local SGD): this rank's samples, as if the ranks kept pace
-            within = min(batch_idx * len(batch[0]) * trainer.world_size / self.hparams.train_size, 1)
+            seen = batch_idx * len(batch[0]) * trainer.world_size
+            within = min(seen / self.hparams.train_size, 1.0)
         done = (trainer.current_epoch + within) / max(trainer.max_epochs or 1, 1)
         warmup = self.hparams.warmup
         if done < warmup:
