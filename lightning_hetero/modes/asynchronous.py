@@ -98,9 +98,11 @@ class ParameterServerMode(Mode):
                 " takes one optimizer step per push, on each rank's gradient alone, computed on"
                 " parameters that other ranks' pushes may have changed since (stale), so the"
                 " moment estimates see single, delayed gradients where DDP's see their average."
-                " Learning rates follow the square-root rule (lr_scaling='auto'); training"
-                " converges like DDP's only approximately. For DDP's exact update use"
-                " mode='bsp'."
+                f" Learning rates follow lr_scaling={self.options.lr_scaling!r} ('auto': the"
+                " square-root rule for adaptive optimizers); training converges like DDP's only"
+                " approximately, and near DDP's largest stable"
+                " learning rate it can diverge with several ranks (then lower the learning"
+                " rate or set lr_scaling='linear'). For DDP's exact update use mode='bsp'."
             )
 
     # ---------------------------------------------------------------- steps
