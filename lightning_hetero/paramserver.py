@@ -3,9 +3,10 @@
 The server lives in rank 0's process. It owns a CPU copy of the trained parameters and a
 copy of each of the user's optimizers, and applies every pushed gradient as soon as it
 arrives, one push at a time, with the learning rate scaled by the pushing rank's batch
-share ``b_k / B`` (paper 002 Eq. 5b). Workers reach it through ``torch.distributed.rpc``
-(TensorPipe); rank 0's own worker calls it directly. RPC requests run on the RPC agent's
-threads, so the server keeps serving while rank 0's training loop is busy.
+share ``b_k / B`` (paper 002 Eq. 5b) for SGD, by ``sqrt(b_k / B)`` for adaptive optimizers.
+Workers reach it through ``torch.distributed.rpc`` (TensorPipe); rank 0's own worker calls
+it directly. RPC requests run on the RPC agent's threads, so the server keeps serving while
+rank 0's training loop is busy.
 """
 
 import copy
@@ -13,6 +14,7 @@ import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.optim import Optimizer
 
-from lightning_hetero._optim import optimizer_params, scaled_lr
+from lightning_hetero._optim import lr_factor, lr_rule, optimizer_params, scaled_lr
 from lightning_hetero.collectives import add_note, is_timeout
 
 __all__ = [
@@ -62,6 +64,8 @@ class _Slot:
 
     optimizer: Optimizer
     params: list[torch.Tensor] = field(default_factory=list)
+    #: How a push's batch share scales its learning rate: "linear", "sqrt" or "none".
+    rule: str = "linear"
 
 
 def _to_cpu(optimizer: Optimizer) -> None:
@@ -83,15 +87,20 @@ class ParameterServer:
         optimizers: the user's optimizers on rank 0 (after any checkpoint was restored);
             each is deep-copied with its parameters and state, onto the CPU.
         world_size: number of workers.
-        lr_scaling: scale each update's learning rate by ``b_k / B``; ``False`` applies
-            every push with the full learning rate (for ablations).
+        lr_scaling: how each update's learning rate follows the pushing rank's batch share
+            ``b_k / B``: ``"auto"`` (``"sqrt"`` for adaptive optimizers, else ``"linear"``),
+            ``"linear"`` (``True``), ``"sqrt"``, or ``"none"`` (``False``: every push with the
+            full learning rate, for ablations); see :func:`~lightning_hetero._optim.lr_rule`.
 
     Pushes are serialized by a lock: an update is applied whole or not at all, and a
     push that arrives while another is applied waits for it.
     """
 
     def __init__(
-        self, optimizers: Sequence[Optimizer], world_size: int, lr_scaling: bool = True
+        self,
+        optimizers: Sequence[Optimizer],
+        world_size: int,
+        lr_scaling: bool | str = "auto",
     ) -> None:
         self.lr_scaling = lr_scaling
         self.world_size = world_size
@@ -101,8 +110,13 @@ class ParameterServer:
         for optimizer in optimizers:
             clone = copy.deepcopy(optimizer)
             _to_cpu(clone)
-            self._slots.append(_Slot(clone, optimizer_params(clone)))
+            rule = lr_rule(lr_scaling, optimizer)
+            self._slots.append(_Slot(clone, optimizer_params(clone), rule))
         self._counters = [_RankCounters() for _ in range(world_size)]
+        #: Seconds spent applying the pushes of ranks other than 0. They run on the RPC agent's
+        #: threads in rank 0's process, beside rank 0's own training: rank 0 leaves them out
+        #: of its step times, which would otherwise make it look slower than it is.
+        self.serving_s = 0.0
         self._epoch_counters = [_RankCounters() for _ in range(world_size)]
 
     # ---------------------------------------------------------------- requests
@@ -125,6 +139,9 @@ class ParameterServer:
         version of the parameters the gradient was computed on; the difference to the
         server's version is the update's staleness. ``update_factor`` further scales the
         update's learning rate (dual batch size learning's model-update factor).
+        The learning rate is ``lr * update_factor * lr_factor(rule, batch_size /
+        global_batch_size)`` with the optimizer's rule
+        (:func:`~lightning_hetero._optim.lr_factor`).
         """
         slot = self._slot(index)
         if len(grads) != len(slot.params):
@@ -144,8 +161,9 @@ class ParameterServer:
             )
         if not (math.isfinite(update_factor) and update_factor > 0):
             raise ValueError(f"rank {rank} pushed an update factor of {update_factor}.")
-        share = (batch_size / global_batch_size if self.lr_scaling else 1.0) * update_factor
+        share = lr_factor(slot.rule, batch_size / global_batch_size) * update_factor
         with self._lock:
+            began = time.perf_counter()
             for param, grad in zip(slot.params, grads):
                 param.grad = None if grad is None else grad.to(param.device, param.dtype)
             for group, lr in zip(groups, lrs):
@@ -162,7 +180,10 @@ class ParameterServer:
                 counters.updates += 1
                 counters.staleness_sum += staleness
                 counters.staleness_max = max(counters.staleness_max, staleness)
-            return PushResult([p.detach().clone() for p in slot.params], self.version)
+            result = PushResult([p.detach().clone() for p in slot.params], self.version)
+            if rank != 0:
+                self.serving_s += time.perf_counter() - began
+            return result
 
     def pull(self, index: int) -> PushResult:
         """The current parameters of optimizer ``index`` and their version."""
@@ -180,6 +201,12 @@ class ParameterServer:
         """The state dict of the server's copy of optimizer ``index``."""
         with self._lock:
             return copy.deepcopy(self._slot(index).optimizer.state_dict())
+
+    @property
+    def rules(self) -> list[str]:
+        """The learning-rate scaling rule of each optimizer (``"linear"``, ``"sqrt"``,
+        ``"none"``)."""
+        return [slot.rule for slot in self._slots]
 
     @property
     def updates(self) -> list[int]:

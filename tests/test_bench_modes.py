@@ -252,3 +252,49 @@ def test_one_real_epoch_of_two_configurations(tmp_path):  # about 20 s
         assert 0 < train_s <= summary["train_s"] < summary["fit_s"]
         assert 0 <= acc <= 1 and loss > 0
     assert "| HL4 | `async` |" in modes_report(raw, 0.5)
+
+
+def test_the_convergence_benchmark_runs_every_config_per_seed_with_the_tasks_fields(
+    monkeypatch, tmp_path
+):
+    from dataclasses import fields
+
+    from lightning_hetero.bench.run import RunConfig
+
+    launched = []
+
+    def fake_launch(config, workdir, timeout=None):
+        launched.append(config)
+        if config.get("extra", {}).get("mode") == "local":
+            raise RuntimeError("rank 1 died")
+        acc = 0.7 if config["strategy"] == "ddp" else 0.75
+        return run([(3.0, acc - 0.1), (6.0, acc)])
+
+    monkeypatch.setattr(modes, "launch", fake_launch)
+    lines: list[str] = []
+    result = modes.measure_convergence(
+        "reverse", 2, ["equal", "slow"], [0, 1], ["ddp", "async", "local"], tmp_path,
+        log=lines.append,
+    )  # fmt: skip
+    assert len(launched) == 12 and len(lines) == 12
+    names = {f.name for f in fields(RunConfig)}
+    assert all(set(c) <= names for c in launched)  # every field is a RunConfig field
+    assert {c["batch_size"] for c in launched} == {64}  # the global batch of 128
+    assert {c["lr"] for c in launched} == {5e-4} and {c["model"] for c in launched} == {"reverse"}
+    slow = [c["sample_cost"] for c in launched if c["sample_cost"][1] != c["sample_cost"][0]]
+    assert len(slow) == 6 and all(cost[1] == 3 * cost[0] for cost in slow)
+    assert [c["seed"] for c in launched[:6]] == [0, 0, 0, 1, 1, 1]
+    text = modes.convergence_report(result)
+    assert "| equal | 1 | `async` | 0.650 / 0.750 | 6.5 | 6.0 |" in text
+    assert "| slow | 0 | `local` | failed | | |" in text
+    assert "| equal | 0 | `ddp` | 0.600 / 0.700 | 6.5 | 6.0 |" in text
+
+
+def test_every_convergence_configuration_builds_a_strategy():
+    from lightning_hetero import HeteroStrategy
+    from lightning_hetero.bench.run import RunConfig, controller_of
+
+    for fields_ in modes.CONVERGENCE_CONFIGS.values():
+        config = RunConfig(**fields_)
+        if config.strategy == "hetero":
+            HeteroStrategy(controller=controller_of(config), **config.extra)

@@ -48,7 +48,9 @@ def test_bad_options_fail_at_construction_with_a_clear_message(kwargs, message):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"mode": "async", "weighted": False}, "lr_scaling=False"),
+        ({"mode": "async", "weighted": False}, "lr_scaling='none'"),
+        ({"mode": "async", "lr_scaling": "quadratic"}, "`lr_scaling` must be one of"),
+        ({"mode": "local", "lr_scaling": 0.5}, "`lr_scaling` must be one of"),
         ({"mode": "local", "weighted": False}, "BSP ablation"),
         ({"mode": "async", "adjust_every": 4}, "re-plans at epoch boundaries"),
         ({"mode": "local", "adjust_every": 4}, "after every mega-batch"),

@@ -208,3 +208,160 @@ def modes_report(
     if failures:
         text += "\nFailed runs:\n" + "\n".join(f"- {line}" for line in failures) + "\n"
     return text
+
+
+# -------------------------------------------------------------------- convergence against DDP
+#: The tasks of the convergence benchmark: RunConfig fields, and the global batch ``B``.
+TASKS: dict[str, dict[str, Any]] = {
+    # one-layer transformer reversing 16 digits; Adam 5e-4, 50-step warm-up, cosine decay
+    "reverse": {"model": "reverse", "lr": 5e-4, "epochs": 2, "global_batch": 128},
+    # the digits CNN with SGD + momentum 0.9
+    "digits": {"model": "cnn", "lr": 0.05, "epochs": 6, "global_batch": 128},
+}
+#: Every mode with default options against DDP, and the rules the defaults replaced.
+CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
+    "ddp": {"strategy": "ddp"},
+    "bsp": {"strategy": "hetero"},
+    "async": {"strategy": "hetero", "extra": {"mode": "async"}},
+    "async-linear": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": "linear"}},
+    "dual": {"strategy": "hetero", "controller": "dual", "extra": {"mode": "async"}},
+    "dual-paper": {
+        "strategy": "hetero",
+        "controller": "dual",
+        "controller_options": {"update_factor": "ratio"},
+        "extra": {"mode": "async"},
+    },
+    "local": {"strategy": "hetero", "controller": "updates", "extra": {"mode": "local"}},
+    "local-linear": {
+        "strategy": "hetero",
+        "controller": "updates",
+        "extra": {"mode": "local", "lr_scaling": "linear"},
+    },
+}
+#: Emulated speeds: seconds of Throttle delay per sample of each rank (the last one slow).
+SPEEDS = {"equal": 1.0, "slow": 3.0}
+
+
+def measure_convergence(
+    task: str,
+    workers: int,
+    speeds: Sequence[str],
+    seeds: Sequence[int],
+    configs: Sequence[str],
+    workdir: Path,
+    sample_cost: float = 2e-4,
+    epochs: int | None = None,
+    lr_factor: float = 1.0,
+    timeout: float | None = 1800.0,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Train ``task`` with each of ``configs`` on ``workers`` CPU ranks for every speed
+    setting and seed (the configurations of one seed back to back, in :func:`run_order`);
+    returns ``{"task": ..., "runs": {speed: [{config: summary}, ...]}}``
+    with one dict per seed (rank 0's summaries, with ``accuracy_curve``).
+
+    ``lr_factor`` multiplies the task's learning rate (e.g. 2: is the rule safe at a learning
+    rate above DDP's best?); ``epochs`` overrides the task's.
+    """
+    spec = TASKS[task]
+    common = {
+        "model": spec["model"],
+        "lr": spec["lr"] * lr_factor,
+        "epochs": epochs or spec["epochs"],
+        "workers": workers,
+        "batch_size": spec["global_batch"] // workers,
+    }
+    if log is None:
+
+        def log(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for speed in speeds:
+        costs = [sample_cost] * (workers - 1) + [sample_cost * SPEEDS[speed]]
+        runs[speed] = []
+        for seed in seeds:
+            per_config: dict[str, Any] = {}
+            for name in run_order(configs, seed):
+                config = {
+                    **common, "sample_cost": costs, "validate": False, "val_every_epoch": True,
+                    **CONVERGENCE_CONFIGS[name], "seed": seed, "progress_bar": False,
+                }  # fmt: skip
+                began = time.perf_counter()
+                try:
+                    per_config[name] = launch(config, workdir, timeout=timeout)
+                    curve = per_config[name]["accuracy_curve"]
+                    outcome = " / ".join(f"{acc:.3f}" for _, acc, _ in curve)
+                except Exception as err:  # a failed run is reported, not fatal
+                    per_config[name] = {"error": f"{type(err).__name__}: {err}"[-4000:]}
+                    outcome = f"FAILED ({type(err).__name__})"
+                log(
+                    f"{task} K={workers} {speed} seed {seed} {name}:"
+                    f" {time.perf_counter() - began:.0f} s, val acc {outcome}"
+                )
+            runs[speed].append({name: per_config[name] for name in configs})
+    return {"task": task, "workers": workers, "common": common, "runs": runs}
+
+
+def convergence_report(result: dict[str, Any], baseline: str = "ddp") -> str:
+    """Per speed setting, seed and configuration: validation accuracy after each epoch,
+    training seconds, and the training seconds until DDP's final accuracy (same seed)."""
+    lines = [
+        f"Task `{result['task']}`, {result['workers']} ranks: {result['common']}",
+        "",
+        "| speeds | seed | config | val acc per epoch | train s | s to ddp's final acc |",
+        "|---|---|---|---|---|---|",
+    ]
+    for speed, per_seed in result["runs"].items():
+        for seed, runs in enumerate(per_seed):
+            seed_value = runs.get(baseline, {}).get("config", {}).get("seed", seed)
+            base = runs.get(baseline, {}).get("accuracy_curve")
+            target = base[-1][1] if base else math.nan
+            for name, summary in runs.items():
+                curve = summary.get("accuracy_curve")
+                if not curve:
+                    lines.append(f"| {speed} | {seed_value} | `{name}` | failed | | |")
+                    continue
+                accs = " / ".join(f"{acc:.3f}" for _, acc, _ in curve)
+                tta, _ = _time_to_target(curve, target) if base else (math.nan, math.nan)
+                reach = "-" if math.isinf(tta) else f"{tta:.1f}"
+                lines.append(
+                    f"| {speed} | {seed_value} | `{name}` | {accs} | {summary['train_s']:.1f}"
+                    f" | {reach} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m lightning_hetero.bench.modes --task reverse --workers 2 ...``"""
+    import argparse
+    import json
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=convergence_report.__doc__)
+    parser.add_argument("--task", choices=list(TASKS), default="reverse")
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--speeds", nargs="+", choices=list(SPEEDS), default=list(SPEEDS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--configs", nargs="+", choices=list(CONVERGENCE_CONFIGS), default=list(CONVERGENCE_CONFIGS)
+    )
+    parser.add_argument("--epochs", type=int, help="default: the task's")
+    parser.add_argument("--lr-factor", type=float, default=1.0, help="times the task's lr")
+    parser.add_argument("--json", type=Path, help="also write the raw summaries here")
+    args = parser.parse_args(argv)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for workers in args.workers:
+            result = measure_convergence(
+                args.task, workers, args.speeds, args.seeds, args.configs, Path(tmp),
+                epochs=args.epochs, lr_factor=args.lr_factor,
+            )  # fmt: skip
+            results.append(result)
+            print(convergence_report(result), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

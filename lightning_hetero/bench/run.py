@@ -66,7 +66,9 @@ class RunConfig:
     adjust_every: str | int = "epoch"
     weighted: bool = True
     deadband: float | str = "auto"
-    model: str = "cnn"  # "cnn" (BatchNorm + torchmetrics) or "boring" (Lightning's BoringModel)
+    # "cnn" (BatchNorm + torchmetrics), "boring" (Lightning's BoringModel) or "reverse" (a
+    # one-layer transformer reversing digit sequences, Adam with warm-up and cosine decay)
+    model: str = "cnn"
     resolution: int = 8  # digits upsampled to resolution x resolution
     dropout: float = 0.0
     # ProgressiveSchedule stages: [{"lr": 0.05, "substages": [{"epochs": 2, "resolution": 24,
@@ -235,6 +237,10 @@ def _model_and_data(config: RunConfig) -> tuple[pl.LightningModule, pl.Lightning
         from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
 
         return BoringModel(), BoringDataModule()
+    if config.model == "reverse":
+        from lightning_hetero.bench.workload import ReverseDataModule, ReverseTransformer
+
+        return ReverseTransformer(lr=config.lr), ReverseDataModule(config.batch_size, config.seed)
     from lightning_hetero.bench.workload import DigitsCNN, DigitsDataModule
 
     return DigitsCNN(lr=config.lr, dropout=config.dropout, width=config.width), DigitsDataModule(

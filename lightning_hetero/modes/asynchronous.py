@@ -4,8 +4,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
-from lightning_hetero._optim import optimizer_params, patched
+from lightning_hetero._optim import check_lr_scaling, is_adaptive, optimizer_params, patched
 from lightning_hetero.collectives import add_note
 from lightning_hetero.localsgd import weighted_average_
 from lightning_hetero.modes.base import Mode, ModeOptions
@@ -19,8 +20,9 @@ __all__ = ["ParameterServerMode"]
 class ParameterServerMode(Mode):
     """``mode="async"``: each rank pushes its gradient to the server and pulls the model back.
 
-    The server applies rank ``k``'s gradient with learning rate ``lr * b_k / B`` as it
-    arrives, so ranks never wait for each other within an epoch. At validation, epoch ends and
+    The server applies rank ``k``'s gradient as it arrives, with learning rate
+    ``lr * b_k / B`` for SGD and ``lr * sqrt(b_k / B)`` for adaptive optimizers (``lr_scaling``),
+    so ranks never wait for each other within an epoch. At validation, epoch ends and
     the end of training every rank loads the server's model (and the ranks' buffers are
     averaged). Checkpoints on rank 0 hold the server's model and optimizer state.
     """
@@ -36,15 +38,30 @@ class ParameterServerMode(Mode):
         self.pushes = 0
         self._seen_version = 0
         self._failed = False
+        self._served_mark = 0.0  # the server's serving_s at this rank's last push (rank 0)
 
     @classmethod
     def check_options(cls, options: ModeOptions, controller: Controller) -> None:
         super().check_options(options, controller)
-        if isinstance(controller, DualBatchController) and not options.lr_scaling:
+        if (
+            isinstance(controller, DualBatchController)
+            and check_lr_scaling(options.lr_scaling) == "none"
+        ):
             raise ValueError(
-                "With controller='dual' the server scales updates by the model-update"
-                " factor, not by b_k / B; for the unscaled ablation use"
+                "With controller='dual' the server scales updates by the controller's"
+                " update_factor rule; for the unscaled ablation use"
                 " DualBatchController(update_factor='none') instead of lr_scaling=False."
+            )
+        if (
+            isinstance(controller, DualBatchController)
+            and controller.update_factor != "share"
+            and check_lr_scaling(options.lr_scaling) in ("linear", "sqrt")
+        ):
+            raise ValueError(
+                f"DualBatchController(update_factor={controller.update_factor!r}) is paper 003's"
+                f" rule, which replaces batch-share scaling: lr_scaling={options.lr_scaling!r}"
+                " would have no effect. Leave lr_scaling='auto', or use"
+                " update_factor='share' to scale each push by its batch share."
             )
 
     # ---------------------------------------------------------------- set-up
@@ -63,17 +80,39 @@ class ParameterServerMode(Mode):
     def on_train_start(self) -> None:
         ctx = self.ctx
         if ctx.rank == 0:
-            self.server = ParameterServer(ctx.optimizers, ctx.world_size, self._scales_lr())
+            self.server = ParameterServer(ctx.optimizers, ctx.world_size, self._lr_scaling())
             ServerClient.start_server(self.server)
+            self._warn_adaptive()
         self.synchronize("the start of training")  # every rank starts from the server
 
-    def _scales_lr(self) -> bool:
-        """Whether the server scales each update's learning rate by ``b_k / B``."""
+    def _lr_scaling(self) -> bool | str:
+        """The server's ``lr_scaling``: how an update's learning rate follows ``b_k / B``."""
         return self.options.lr_scaling
+
+    def _warn_adaptive(self) -> None:
+        """Say once what differs from DDP when the server steps an adaptive optimizer."""
+        names = sorted({type(opt).__name__ for opt in self.ctx.optimizers if is_adaptive(opt)})
+        if names:
+            rank_zero_warn(
+                f"hetero: {self.option_text()} with the adaptive optimizer(s) {names}: the server"
+                " takes one optimizer step per push, on each rank's gradient alone, computed on"
+                " parameters that other ranks' pushes may have changed since (stale), so the"
+                " moment estimates see single, delayed gradients where DDP's see their average."
+                f" Learning rates follow lr_scaling={self.options.lr_scaling!r} ('auto': the"
+                " square-root rule for adaptive optimizers); training converges like DDP's only"
+                " approximately, and near DDP's largest stable"
+                " learning rate it can diverge with several ranks (then lower the learning"
+                " rate or set lr_scaling='linear'). For DDP's exact update use mode='bsp'."
+            )
 
     # ---------------------------------------------------------------- steps
     def post_backward(self) -> None:
-        self.ctx.timer.grads_ready()  # the push that follows counts as waiting
+        timer = self.ctx.timer
+        if self.server is not None:
+            # rank 0: the other ranks' pushes the server applied since this rank's last push
+            # ran beside this step's forward and backward; they are no part of its cost
+            timer.add_wait(self.server.serving_s - self._served_mark)
+        timer.grads_ready()  # the push that follows counts as waiting
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
         index = self._optimizer_index(optimizer)
@@ -90,8 +129,9 @@ class ParameterServerMode(Mode):
         self.ctx.timer.step_done()
         return output
 
-    def update_factor(self) -> float:
-        """Multiplier of this rank's pushed updates, besides ``b_k / B``."""
+    def update_factor(self, optimizer: torch.optim.Optimizer) -> float:
+        """Multiplier of this rank's pushed updates of ``optimizer``, besides the server's
+        scaling by ``b_k / B``."""
         return 1.0
 
     def _optimizer_index(self, optimizer: torch.optim.Optimizer) -> int:
@@ -106,12 +146,14 @@ class ParameterServerMode(Mode):
         lrs = [float(group["lr"]) for group in optimizer.param_groups]
         local, total = self.share
         result = self.client.push(
-            index, grads, local, total, lrs, self._seen_version, self.update_factor()
+            index, grads, local, total, lrs, self._seen_version, self.update_factor(optimizer)
         )
         _load(params, result.params)
         self._seen_version = result.version
         self.pushes += 1
         self.ctx.timer.backward_done()
+        if self.server is not None:
+            self._served_mark = self.server.serving_s
 
     def _pull_all(self) -> None:
         """Load the server's latest parameters into this rank's model."""
@@ -136,6 +178,8 @@ class ParameterServerMode(Mode):
             # BatchNorm statistics would stay per rank otherwise
             weighted_average_(buffers, 1.0, ctx.world_size)
         ctx.barrier(f"{point}, after the pulls")  # no rank tears the server down mid-pull
+        if self.server is not None:
+            self._served_mark = self.server.serving_s  # a break: what came before is no step's
 
     # ---------------------------------------------------------------- boundaries
     def on_train_epoch_end(self) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from lightning_hetero._optim import check_lr_scaling
 from lightning_hetero.context import RunContext
 from lightning_hetero.planning import Controller, check_merge_options
 from lightning_hetero.planning.dual import DualBatchController
@@ -39,7 +40,7 @@ class ModeOptions:
 
     adjust_every: Literal["epoch"] | int = "epoch"
     weighted: bool = True
-    lr_scaling: bool = True
+    lr_scaling: bool | Literal["auto", "linear", "sqrt", "none"] = "auto"
     rpc_timeout: float = 300.0
     megabatch_size: int | None = None
     delta: float = 0.1
@@ -53,6 +54,7 @@ class ModeOptions:
             self.delta, self.gamma, self.perturb_threshold, self.megabatch_size,
             self.global_batch_size,
         )  # fmt: skip
+        check_lr_scaling(self.lr_scaling)
         if not self.rpc_timeout > 0:
             raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {self.rpc_timeout}.")
 
@@ -110,7 +112,7 @@ class Mode:
         if not options.weighted and not cls.steps_together:  # a gradient all-reduce ablation
             raise ValueError(
                 f"`weighted=False` is a BSP ablation; mode={cls.name!r} weights each rank by its"
-                " batch share (use `lr_scaling=False` for the unscaled ablation)."
+                " batch share (use `lr_scaling='none'` for the unscaled ablation)."
             )
         if options.adjust_every != "epoch" and not cls.replans_within_epoch:
             raise ValueError(

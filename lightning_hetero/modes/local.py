@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from lightning_hetero._optim import scaled_lr
+from lightning_hetero._optim import lr_factor, lr_rule, scaled_lr
 from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
 from lightning_hetero.localsgd import ReplicaMerger
 from lightning_hetero.modes.base import Mode
@@ -90,9 +90,12 @@ class LocalSGDMode(Mode):
         return local, sum(plan), local == plan[self.ctx.rank]
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
+        # relative to an even split of B: 1 at b_k = B / K, where K replicas stepping at lr
+        # and averaged move as far per sample as DDP (paper 004's linear rule; square root
+        # for adaptive optimizers, whose step barely depends on the batch)
         local, total = self.share
-        world_size = self.ctx.world_size
-        factor = local * world_size / total if self.options.lr_scaling else 1.0
+        share = local * self.ctx.world_size / total
+        factor = lr_factor(lr_rule(self.options.lr_scaling, optimizer), share)
         with scaled_lr(optimizer, factor):
             return super().optimizer_step(optimizer, run)
 

@@ -12,7 +12,11 @@ gives each worker a share of the epoch's data such that every worker needs the s
 - ``B_S`` makes ``(a + b/B_S) * d_S`` equal ``(a + b/B_L) * d_L`` (the paper's Eq. 8):
   ``B_S = b / ((a + b/B_L) * d_L/d_S - a)``;
 - on the parameter server each small-batch worker's update is scaled by the model-update
-  factor ``d_S/d_L`` (or its square root), in whole samples.
+  factor ``d_S/d_L`` (or its square root), in whole samples: the paper's rule
+  (``update_factor="ratio"``). The default, ``"share"``, scales every worker's update by its
+  batch share ``b_k / (n * B_L)`` of DDP's global batch instead (the strategy applies its
+  ``lr_scaling`` rule to it: the share itself for SGD, its square root for adaptive
+  optimizers), so that each push moves the model as far as its part of one DDP step.
 """
 
 import math
@@ -32,7 +36,7 @@ __all__ = [
     "plan_dual_batch",
 ]
 
-_FACTOR_RULES = ("ratio", "sqrt", "none")
+_FACTOR_RULES = ("share", "ratio", "sqrt", "none")
 
 
 class DualBatchError(PlanError):
@@ -159,7 +163,11 @@ class DualBatchPlan:
 
     @property
     def update_factors(self) -> list[float]:
-        """The model-update factor of each rank (1 for the large-batch ranks)."""
+        """The model-update factor of each rank: 1 for the large-batch ranks and
+        :attr:`update_factor` for the small ones (paper 003), or with ``factor_rule="share"``
+        each rank's batch share ``b_k / (n * B_L)`` of DDP's global batch."""
+        if self.factor_rule == "share":
+            return [b / (self.world_size * self.large_batch_size) for b in self.batch_sizes]
         return self._per_rank(1.0, self.update_factor)
 
     @property
@@ -211,6 +219,11 @@ class DualBatchPlan:
             f" d_S = {self.small_samples:.1f}; time per step = {model.a:.3g} s * batch"
             f" + {model.b:.3g} s (fit error {model.relative_error:.1%})"
         )
+        if self.factor_rule == "share":
+            lines.append(
+                "update factor: batch share b_k / (n * B_L) of DDP's step; the learning rate"
+                " follows lr_scaling's rule of it (linear for SGD, square root for adaptive)"
+            )
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -266,6 +279,8 @@ def plan_dual_batch(
         update_factor: the small workers' model-update factor: ``"ratio"`` (``d_S/d_L``),
             ``"sqrt"`` (its square root) or ``"none"`` (1). With ``n_S = n`` there is no
             large-batch update to match, and the factor is 1 whatever the rule.
+            ``"share"``: every rank's factor is its batch share ``b_k / (n * B_L)``
+            (:attr:`DualBatchPlan.update_factors`; ``update_factor`` holds the small ranks').
 
     Raises:
         DualBatchError: infeasible inputs; the message names the bound that failed and
@@ -292,7 +307,8 @@ def plan_dual_batch(
     n_small, n_large = small_workers, n - small_workers
     a, b = time_model.a, time_model.b
     if n_small == 0:
-        return DualBatchPlan(time_model, d, n, 0, k, large, None, d / n, 0.0, 1.0, update_factor)
+        factor = 1 / n if update_factor == "share" else 1.0
+        return DualBatchPlan(time_model, d, n, 0, k, large, None, d / n, 0.0, factor, update_factor)
     d_large = round(k * d / n, 9)  # no float noise in the floors of the sample counts
     d_small = round((d - n_large * d_large) / n_small, 9)
     if d_small < 1:
@@ -326,7 +342,9 @@ def plan_dual_batch(
             )
         )
     small = min(small, large - 1)
-    if n_large == 0:
+    if update_factor == "share":
+        factor = small / (n * large)
+    elif n_large == 0:
         factor = 1.0  # no large-batch update to match (paper 003 Table III: "-")
     else:
         share = math.floor(d_small) / math.floor(d_large)  # in whole samples, as the paper
@@ -349,8 +367,11 @@ class DualBatchController(StaticController):
             half of them, rounded down, at least one.
         large_batch_size: ``B_L``; ``None``: the strategy's smallest per-rank maximum
             (``max_batch_size``, measured with ``"auto"``), else the loader's batch size.
-        update_factor: ``"ratio"`` (``d_S/d_L``, the paper's choice), ``"sqrt"`` or
-            ``"none"``.
+        update_factor: ``"share"`` (default): each push moves its batch share of one DDP step,
+            ``lr_scaling``'s rule of ``b_k / (n * B_L)`` (linear for SGD, square root for
+            adaptive optimizers); the paper's rules, which leave the large-batch pushes at the
+            full learning rate: ``"ratio"`` (small pushes by ``d_S/d_L``, the paper's
+            choice), ``"sqrt"`` or ``"none"``.
     """
 
     name = "dual"
@@ -360,7 +381,7 @@ class DualBatchController(StaticController):
         extra_time_ratio: float = 1.05,
         small_workers: int | None = None,
         large_batch_size: int | None = None,
-        update_factor: Literal["ratio", "sqrt", "none"] = "ratio",
+        update_factor: Literal["share", "ratio", "sqrt", "none"] = "share",
     ) -> None:
         self.extra_time_ratio = _check_ratio(extra_time_ratio)
         if small_workers is not None:

@@ -41,10 +41,11 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
     Args:
         mode: ``"bsp"``: synchronous, gradients all-reduced with weights ``b_k / B``.
             ``"async"``: a parameter server in rank 0's process applies each rank's gradient
-            as it arrives, with learning rate ``lr * b_k / B``; ranks never wait for each
-            other within an epoch. ``"local"``: local SGD; each rank steps its own replica
-            on batches claimed from a shared pool of ``megabatch_size`` samples, and the
-            replicas are merged after each mega-batch (see ``docs/modes.md``).
+            as it arrives, with its learning rate scaled by ``b_k / B`` (``lr_scaling``);
+            ranks never wait for each other within an epoch. ``"local"``: local SGD; each
+            rank steps its own replica on batches claimed from a shared pool of
+            ``megabatch_size`` samples, and the replicas are merged after each mega-batch
+            (see ``docs/modes.md``).
         controller: a controller name (``"proportional"``, ``"model"``, ``"lbbsp"``,
             ``"stepwise"``, ``"updates"``, ``"static"``; built with ``deadband``;
             ``"dual"``, dual batch size learning, with ``mode="async"`` only) or a
@@ -92,11 +93,17 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         shuffle: draw a new permutation of the training set every epoch (seeded by
             ``seed_everything``, the same on every rank), as ``DDPStrategy``'s sampler does
             whatever the loader says; ``False`` keeps the dataset's own order.
-        lr_scaling: async mode: apply rank ``k``'s gradient with learning rate
-            ``lr * b_k / B`` (paper 002 Eq. 5b); ``False`` uses ``lr`` (for ablations).
-            Local mode: step rank ``k``'s replica with ``lr * b_k * K / B`` (the linear
-            scaling rule around an even split of ``B`` over ``K`` ranks); ``False`` uses
-            ``lr`` on every rank.
+        lr_scaling: how a step on part of the global batch scales the learning rate, so
+            that it moves its part of DDP's step. ``"linear"`` (``True``): by the share
+            ``s`` (paper 002 Eq. 5b; the linear scaling rule of SGD); ``"sqrt"``: by
+            ``sqrt(s)`` (the square-root rule of adaptive optimizers, whose step barely
+            depends on the gradient's size); ``"auto"`` (default): ``"sqrt"`` for adaptive
+            optimizers (Adam, AdamW, RMSprop, Adagrad and their kin, or any optimizer whose
+            parameter groups have e.g. ``betas``), ``"linear"`` otherwise; ``"none"``
+            (``False``): ``lr`` unchanged (for ablations). Async mode: ``s = b_k / B`` per
+            push; dual batch (``controller="dual"``): ``s = b_k / (n * B_L)``; local mode:
+            ``s = b_k * K / B``, 1 at an even split of ``B`` over ``K`` ranks (see
+            ``docs/modes.md``).
         rpc_timeout: async mode: seconds a push or pull to the parameter server may take
             before the rank stops with an error naming it.
         timeout: how long a collective waits for every rank (``DDPStrategy``'s option). A rank
@@ -156,7 +163,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         adjust_every: Literal["epoch"] | int = "epoch",
         weighted: bool = True,
         shuffle: bool = True,
-        lr_scaling: bool = True,
+        lr_scaling: bool | Literal["auto", "linear", "sqrt", "none"] = "auto",
         rpc_timeout: float = 300.0,
         megabatch_size: int | None = None,
         delta: float = 0.1,

@@ -1,0 +1,300 @@
+"""The learning-rate scaling rule of async, dual and local mode (``lr_scaling``), the
+warning for adaptive optimizers in async mode, rank 0's step times beside the server, and
+``patched`` restoring an LR scheduler's wrapper."""
+
+import copy
+import math
+import time
+import warnings
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hetero import HeteroStrategy
+from lightning_hetero._comm import HostStepTimer
+from lightning_hetero._optim import check_lr_scaling, is_adaptive, lr_factor, lr_rule, patched
+from lightning_hetero.modes import ModeOptions, ParameterServerMode
+from lightning_hetero.paramserver import ParameterServer, ServerClient
+from lightning_hetero.planning import make_controller
+from lightning_hetero.planning.dual import DualBatchController, TimeModel, plan_dual_batch
+
+
+def _params() -> list[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.zeros(3))]
+
+
+ADAPTIVE = ["Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta"]
+ADAPTIVE += ["SparseAdam", "Adafactor", "Rprop"]
+SGD_FAMILY = ["SGD", "ASGD"]
+
+
+class _Lion(torch.optim.Optimizer):
+    """A third-party adaptive optimizer torch does not know: recognized by its ``betas``."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99)) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas})
+
+
+class _Lars(torch.optim.Optimizer):
+    """A third-party SGD-family optimizer (momentum, a trust coefficient, an eps)."""
+
+    def __init__(self, params, lr=0.1, momentum=0.9) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum, "eta": 1e-3, "eps": 1e-8})
+
+
+def _make(name: str) -> torch.optim.Optimizer:
+    cls = getattr(torch.optim, name)
+    return cls(_params(), lr=0.1)
+
+
+@pytest.mark.parametrize("name", [n for n in ADAPTIVE if hasattr(torch.optim, n)])
+def test_adaptive_optimizers_take_the_square_root_rule(name):
+    optimizer = _make(name)
+    assert is_adaptive(optimizer)
+    assert lr_rule("auto", optimizer) == "sqrt"
+
+
+@pytest.mark.parametrize("name", SGD_FAMILY)
+def test_sgd_family_optimizers_take_the_linear_rule(name):
+    optimizer = _make(name)
+    assert not is_adaptive(optimizer)
+    assert lr_rule("auto", optimizer) == "linear"
+
+
+def test_unknown_optimizers_are_recognized_by_their_parameter_group_keys():
+    assert lr_rule("auto", _Lion(_params())) == "sqrt"
+    assert lr_rule("auto", _Lars(_params())) == "linear"
+
+
+def test_a_lightning_optimizer_is_recognized_by_the_optimizer_it_wraps():
+    assert is_adaptive(LightningOptimizer(torch.optim.Adam(_params())))
+    assert not is_adaptive(LightningOptimizer(torch.optim.SGD(_params(), lr=0.1)))
+
+
+@pytest.mark.parametrize(
+    ("option", "rule"), [("linear", "linear"), (True, "linear"), ("sqrt", "sqrt"), ("none", "none"),
+                         (False, "none")],
+)  # fmt: skip
+def test_an_explicit_rule_overrides_the_optimizer_family(option, rule):
+    assert lr_rule(option, torch.optim.Adam(_params())) == rule
+    assert lr_rule(option, torch.optim.SGD(_params(), lr=0.1)) == rule
+
+
+@pytest.mark.parametrize("value", ["Linear", "square", 1, 0.5, None])
+def test_other_lr_scaling_values_are_refused_naming_the_option(value):
+    with pytest.raises(ValueError, match="`lr_scaling` must be one of"):
+        check_lr_scaling(value)
+    with pytest.raises(ValueError, match="`lr_scaling`"):
+        ModeOptions(lr_scaling=value)
+
+
+def test_the_factor_of_each_rule():
+    assert lr_factor("linear", 0.25) == 0.25
+    assert lr_factor("sqrt", 0.25) == 0.5
+    assert lr_factor("none", 0.25) == 1.0
+    with pytest.raises(ValueError, match="positive"):
+        lr_factor("sqrt", 0.0)
+
+
+def test_the_default_is_auto():
+    assert ModeOptions().lr_scaling == "auto"
+    assert HeteroStrategy(mode="async").lr_scaling == "auto"
+
+
+# ---------------------------------------------------------------- the server
+
+
+def test_the_server_steps_adam_with_the_square_root_of_the_batch_share():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=0.01)
+    reference = copy.deepcopy(layer)
+    server = ParameterServer([optimizer], world_size=4)
+    assert server.rules == ["sqrt"]
+    grads = [torch.randn_like(p) for p in layer.parameters()]
+    result = server.push(1, 0, grads, 16, 64, [0.01], 0)
+    expected_opt = torch.optim.Adam(reference.parameters(), lr=0.01 * math.sqrt(16 / 64))
+    for param, grad in zip(reference.parameters(), grads):
+        param.grad = grad.clone()
+    expected_opt.step()
+    for new, expected in zip(result.params, reference.parameters()):
+        torch.testing.assert_close(new, expected.detach())
+
+
+def test_the_server_keeps_the_linear_rule_for_sgd_and_each_optimizer_its_own():
+    sgd = torch.optim.SGD(_params(), lr=0.1, momentum=0.9)
+    adam = torch.optim.AdamW(_params())
+    assert ParameterServer([sgd, adam], world_size=2).rules == ["linear", "sqrt"]
+    assert ParameterServer([sgd, adam], world_size=2, lr_scaling="none").rules == ["none"] * 2
+
+
+# ---------------------------------------------------------------- dual batch
+
+
+def test_dual_batch_scales_each_push_by_its_batch_share_of_ddps_step_by_default():
+    assert DualBatchController().update_factor == "share"
+    model = TimeModel(a=1.0, b=24.66)
+    plan = plan_dual_batch(model, 50000, 4, 1, 500, 1.1, update_factor="share")
+    assert plan.update_factors == [b / (4 * 500) for b in plan.batch_sizes]
+    paper = plan_dual_batch(model, 50000, 4, 1, 500, 1.1, update_factor="ratio")
+    assert paper.update_factors[:3] == [1.0] * 3  # the paper's rule: full large-batch steps
+    assert "batch share" in plan.table()
+
+
+def test_dual_batch_with_the_papers_rule_refuses_a_batch_share_rule():
+    with pytest.raises(ValueError, match="update_factor='ratio'.*lr_scaling='sqrt'"):
+        HeteroStrategy(
+            mode="async", controller=DualBatchController(update_factor="ratio"), lr_scaling="sqrt"
+        )
+    HeteroStrategy(mode="async", controller=DualBatchController(update_factor="ratio"))
+
+
+# ---------------------------------------------------------------- rank 0's step times
+
+
+class _RecordingTimer(HostStepTimer):
+    """Records the waits counted from elsewhere (the server's serving), step by step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.added: list[float] = []
+
+    def add_wait(self, seconds: float) -> None:
+        self.added.append(seconds)
+        super().add_wait(seconds)
+
+
+def _rank0_mode(server: ParameterServer, optimizer: torch.optim.Optimizer) -> ParameterServerMode:
+    mode = ParameterServerMode(make_controller("static"), ModeOptions())
+    mode.context = SimpleNamespace(timer=_RecordingTimer(), optimizers=[optimizer], rank=0)
+    mode.server = server
+    mode.client = ServerClient(0, timeout=5.0)  # rank 0 calls the server directly
+    mode.share = (8, 16)
+    return mode
+
+
+class _SlowSGD(torch.optim.SGD):
+    """Stands for a large model's update: each step takes a while, so serving takes time."""
+
+    def step(self, closure=None):
+        time.sleep(0.01)
+        return super().step(closure)
+
+
+def _step(mode: ParameterServerMode, optimizer: torch.optim.Optimizer, other_pushes: int) -> float:
+    """One step of rank 0 during which the server applies ``other_pushes`` of rank 1; returns
+    the seconds the server spent on them."""
+    server = mode.server
+    timer = mode.ctx.timer
+    timer.start(8)
+    served = server.serving_s
+    for _ in range(other_pushes):  # on the RPC threads, beside rank 0's forward and backward
+        server.push(1, 0, [torch.ones(3)], 8, 16, [0.1], 0)
+    served = server.serving_s - served
+    for param in optimizer.param_groups[0]["params"]:
+        param.grad = torch.ones_like(param)
+    mode.post_backward()
+    mode._push(0, optimizer)  # rank 0's own push: waiting, and no serving
+    timer.step_done()
+    return served
+
+
+def test_rank0_step_times_leave_out_the_other_ranks_pushes_it_served():
+    optimizer = _SlowSGD(_params(), lr=0.1)
+    server = ParameterServer([optimizer], world_size=2)
+    ServerClient.start_server(server)
+    try:
+        mode = _rank0_mode(server, optimizer)
+        served = [_step(mode, optimizer, pushes) for pushes in (3, 0, 2)]
+    finally:
+        ServerClient.stop_server()
+    assert served[0] > 0 and served[1] == 0 and served[2] > 0
+    assert server.updates == [3, 5]
+    timer = mode.ctx.timer
+    assert timer.added == served  # each step leaves out exactly the serving beside it
+    for record, seconds in zip(timer.collect(), served):
+        assert record.wait_s >= seconds  # waiting: the serving, and the step's own push
+
+
+# ---------------------------------------------------------------- patched, the warning
+
+
+def test_patched_restores_an_lr_schedulers_step_wrapper():
+    optimizer = torch.optim.SGD(_params(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.5)
+    wrapper = optimizer.step
+    assert getattr(wrapper, "_wrapped_by_lr_sched", False)
+    with patched(optimizer, {"step": lambda closure=None: None}):
+        assert optimizer.step is not wrapper
+    assert vars(optimizer)["step"] is wrapper
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "lr_scheduler.step() before optimizer.step()"
+        optimizer.step()
+        scheduler.step()
+
+
+def test_patched_deletes_what_was_not_there():
+    optimizer = torch.optim.SGD(_params(), lr=0.1)
+    with patched(optimizer, {"step": lambda closure=None: None}):
+        pass
+    assert "step" not in vars(optimizer)
+
+
+class _Task(pl.LightningModule):
+    def __init__(self, optimizer: str) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.optimizer = optimizer
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        if self.optimizer == "adam":
+            optimizer = torch.optim.Adam(self.parameters(), lr=1e-3)
+        else:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler}}
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)
+        return DataLoader(TensorDataset(x, y), batch_size=8)
+
+
+def _fit_async(optimizer: str, tmp_path) -> list[str]:
+    trainer = pl.Trainer(
+        strategy=HeteroStrategy(mode="async"),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(_Task(optimizer))
+    return [str(w.message) for w in caught]
+
+
+def test_async_with_adam_warns_once_what_differs_from_ddp(tmp_path):
+    messages = _fit_async("adam", tmp_path)
+    adaptive = [m for m in messages if "adaptive optimizer" in m]
+    assert len(adaptive) == 1
+    assert adaptive[0].startswith("hetero:") and "['Adam']" in adaptive[0]
+    assert "stale" in adaptive[0] and "mode='bsp'" in adaptive[0]
+    assert not [m for m in messages if "lr_scheduler.step()" in m]
+
+
+def test_async_with_sgd_neither_warns_nor_upsets_the_lr_scheduler(tmp_path):
+    messages = _fit_async("sgd", tmp_path)
+    assert not [m for m in messages if "adaptive optimizer" in m]
+    assert not [m for m in messages if "lr_scheduler.step()" in m]
