@@ -49,6 +49,9 @@ def group() -> Iterator[int]:
     with socket.socket() as probe:
         probe.bind((ADDRESS, 0))
         port = probe.getsockname()[1]
+    if dist.is_initialized():
+        # an earlier in-process fit's group (Lightning's teardown leaves the default group)
+        dist.destroy_process_group()
     store = dist.TCPStore(ADDRESS, port, 1, is_master=True, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
