@@ -66,6 +66,35 @@ def test_bad_mode_options_fail_at_construction(kwargs, message):
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"megabatch_szie": 640}, r"option 'megabatch_szie'\. Did you mean 'megabatch_size'"),
+        ({"find_unused_paramters": True}, "Did you mean 'find_unused_parameters'"),
+        ({"batch_size": 8}, "Did you mean 'batch_sizes'"),
+        ({"device_ids": [0]}, "unknown option 'device_ids'"),  # Lightning passes it itself
+        ({"zzz": 1, "yyy": 2}, r"unknown option 'yyy' \(also unknown: \['zzz'\]\)\. Its options"),
+    ],
+)
+def test_unknown_options_are_refused_at_construction_with_the_closest_name(kwargs, message):
+    # before: they reached DistributedDataParallel(...) when fit wrapped the model
+    with pytest.raises(TypeError, match=message):
+        HeteroStrategy(**kwargs)
+
+
+def test_every_keyword_of_distributed_data_parallel_still_reaches_it():
+    import inspect
+
+    signature = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__)
+    forwarded = {
+        name: parameter.default
+        for name, parameter in signature.parameters.items()
+        if name not in ("self", "module", "device_ids")
+    }
+    assert "find_unused_parameters" in forwarded and "static_graph" in forwarded
+    assert HeteroStrategy(**forwarded)._ddp_kwargs == forwarded
+
+
+@pytest.mark.parametrize(
     ("mode", "controller"),
     [("bsp", "proportional"), ("async", "proportional"), ("local", "updates")],
 )
