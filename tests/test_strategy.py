@@ -1,6 +1,8 @@
 import csv
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -550,3 +552,32 @@ def test_metrics_are_logged_at_lightnings_step_and_are_in_callback_metrics(tmp_p
     last = trainer.strategy.history[-1]
     assert trainer.callback_metrics["hetero/balance"].item() == pytest.approx(last["balance"])
     assert trainer.callback_metrics["hetero/batch_size/rank0"].item() == 4
+
+
+def test_the_cli_example_prints_the_strategy_options(monkeypatch, capsys):
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    monkeypatch.syspath_prepend(str(examples))  # cli.py imports train.py from its folder
+    spec = importlib.util.spec_from_file_location("cli_example", examples / "cli.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["fit", "--print_config"])
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    assert "strategy: auto" not in printed
+    assert "class_path: lightning_hetero.HeteroStrategy" in printed
+    for option in ("mode: bsp", "deadband: auto", "batch_sizes: uniform", "adjust_every: epoch"):
+        assert f"      {option}\n" in printed  # under init_args
+
+
+def test_the_cli_page_quotes_lightnings_error_for_an_unregistered_strategy_name():
+    # what a LightningCLI script that never imports lightning_hetero gets for strategy=hetero
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    quoted = page.split("```text\n", 1)[1].split("\n```", 1)[0]
+    quoted = " ".join(quoted.split())
+    assert quoted.startswith(
+        "ValueError: You selected an invalid strategy name: `strategy='hetero'`."
+    )
+    with pytest.raises(ValueError) as error:
+        pl.Trainer(strategy="not_imported", logger=False)
+    assert f"ValueError: {error.value}" == quoted.replace("'hetero'", "'not_imported'")
