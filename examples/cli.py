@@ -7,8 +7,17 @@
 Needs the `cli` extra (``pip install 'lightning_hetero[cli]'``, jsonargparse).
 """
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import ArgsType, LightningCLI
 from train import Classifier  # the model of examples/train.py (same folder)
 
+# The strategy by class path, so that --print_config lists its options with their defaults
+# (a strategy name such as "hetero" is a plain string to jsonargparse: it would print only that)
+TRAINER_DEFAULTS = {"strategy": {"class_path": "lightning_hetero.HeteroStrategy"}}
+
+
+def main(args: ArgsType = None) -> None:
+    LightningCLI(Classifier, trainer_defaults=TRAINER_DEFAULTS, args=args)
+
+
 if __name__ == "__main__":
-    LightningCLI(Classifier)
+    main()

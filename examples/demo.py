@@ -21,6 +21,30 @@ from lightning_hetero.planning import HETEROGENEITY_LEVELS, ideal_speedup, propo
 from lightning_hetero.plots import plot_history
 
 SKIP = 2  # epochs left out of the steady state (the first re-plans)
+# why the two runs' accuracy differs although the gradient is exact
+ACCURACY_NOTE = (
+    "val acc: the runs differ although the gradient is exact (other batches, other rounding):"
+    " docs/faq.md, 'Why does the validation accuracy differ from DDP's?'"
+)
+
+
+def compress(plans: list[list[int]]) -> str:
+    """Consecutive equal plans as one, with a count: ``[1, 2] x5, [2, 1]``."""
+    runs: list[tuple[list[int], int]] = []
+    for plan in plans:
+        if runs and runs[-1][0] == plan:
+            runs[-1] = (plan, runs[-1][1] + 1)
+        else:
+            runs.append((plan, 1))
+    return ", ".join(f"{plan} x{count}" if count > 1 else str(plan) for plan, count in runs)
+
+
+def summary(speedup: float, ideal: float, split: list[int]) -> str:
+    """The demo's result in one line."""
+    return (
+        f"speedup {speedup:.2f}x per epoch (ideal {ideal:.2f}x, with the speed-proportional"
+        f" split {split})"
+    )
 
 
 def ddp_baseline(summary: dict, epoch_s: float, ideal: float) -> dict:
@@ -85,9 +109,10 @@ def main() -> None:
     ddp_s = statistics.median(results["ddp"]["epoch_s"][SKIP:])
     hetero_s = statistics.median(results["hetero"]["epoch_s"][SKIP:])
     ideal = ideal_speedup(cores)
-    print(f"\nspeedup {ddp_s / hetero_s:.2f}x (ideal {ideal:.2f}x);")
-    print(f"speed-proportional split: {proportional_split(cores, 128)}")
-    print(f"plan per boundary: {[h['next_batch_sizes'] for h in results['hetero']['history']]}")
+    print(f"\n{summary(ddp_s / hetero_s, ideal, proportional_split(cores, 128))}")
+    plans = [h["next_batch_sizes"] for h in results["hetero"]["history"]]
+    print(f"plan per boundary: {compress(plans)}")
+    print(ACCURACY_NOTE)
     print(f"logs: tensorboard --logdir {args.logs}")
     chart = args.plot or args.logs / "demo.png"
     chart.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from lightning_hetero._namespaces import SameCopy
+from lightning_hetero._options import ddp_keywords, keywords, refuse_unknown
 from lightning_hetero.engine import HeteroEngine, HeteroOptions, hetero_parts
 from lightning_hetero.modes import ModeOptions
 from lightning_hetero.planning import Controller
@@ -118,7 +119,9 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             averaging. ``gamma > 0`` amplifies a steady move up to ``1 / (1 - gamma)`` times
             and needs a smaller learning rate (see ``docs/modes.md``).
         **kwargs: forwarded to :class:`~torch.nn.parallel.DistributedDataParallel`
-            (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``.
+            (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``. A name that is
+            neither an option above nor a keyword of ``DistributedDataParallel`` is refused
+            here, with the closest valid name.
 
     The positional arguments are those of :class:`~lightning.pytorch.strategies.DDPStrategy`,
     in its order; the options above are keyword-only. DDP communication hooks and
@@ -169,6 +172,13 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         gamma: float = 0.0,
         **kwargs: Any,
     ) -> None:
+        refuse_unknown(
+            "HeteroStrategy",
+            kwargs,
+            keywords(HeteroStrategy.__init__) + ddp_keywords(),
+            "its keyword arguments (docs: Options) and those of torch's DistributedDataParallel,"
+            " which it forwards",
+        )
         own_hook = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
         given = (ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper, model_averaging_period)
         forbidden = [name for name, value in zip(own_hook, given) if value is not None]

@@ -1,3 +1,6 @@
+import re
+import warnings
+
 import pytest
 
 from lightning_hetero.bench.__main__ import main
@@ -77,3 +80,22 @@ def test_command_line_rejects_a_bad_adjust_every(capsys):
     with pytest.raises(SystemExit):
         main(["--adjust-every", "often"])
     assert "--adjust-every must be 'epoch' or an integer >= 1" in capsys.readouterr().err
+
+
+_MEMORY = ["--simulate", "--controllers", "proportional", "--scenarios", "memory", "--seeds", "1"]
+
+
+def test_command_line_simulate_is_quiet_and_counts_the_controllers_warnings(capsys):
+    # the memory scenario makes the proportional controller warn (a maximum that binds)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        main([*_MEMORY, "--no-predictors"])
+    assert shown == []
+    out = capsys.readouterr().out
+    assert re.search(r"The controllers warned [1-9]\d* times \(--verbose prints", out)
+
+
+def test_command_line_simulate_verbose_shows_the_controllers_warnings(capsys):
+    with pytest.warns(UserWarning):
+        main([*_MEMORY, "--no-predictors", "--verbose"])
+    assert "The controllers warned" not in capsys.readouterr().out

@@ -26,6 +26,8 @@ def test_it_is_registered_as_hetero_fsdp_and_runs_the_sharded_mode():
         ({"controller": "dual"}, ValueError, "Dual batch size learning"),
         ({"adjust_every": 0}, ValueError, "adjust_every"),
         ({"memory_safety": 0}, ValueError, "memory_safety"),
+        ({"shard_module": ["Block"]}, TypeError, "'shard_module'. Did you mean 'shard_modules'"),
+        ({"bogus": 1}, TypeError, r"unknown option 'bogus'\. Its options"),
     ],
 )
 def test_bad_options_are_refused_at_construction(options, error, message):

@@ -1,6 +1,8 @@
 import csv
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -65,6 +67,35 @@ def test_bad_options_fail_at_construction_with_a_clear_message(kwargs, message):
 def test_bad_mode_options_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         HeteroStrategy(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"megabatch_szie": 640}, r"option 'megabatch_szie'\. Did you mean 'megabatch_size'"),
+        ({"find_unused_paramters": True}, "Did you mean 'find_unused_parameters'"),
+        ({"batch_size": 8}, "Did you mean 'batch_sizes'"),
+        ({"device_ids": [0]}, "unknown option 'device_ids'"),  # Lightning passes it itself
+        ({"zzz": 1, "yyy": 2}, r"unknown option 'yyy' \(also unknown: \['zzz'\]\)\. Its options"),
+    ],
+)
+def test_unknown_options_are_refused_at_construction_with_the_closest_name(kwargs, message):
+    # before: they reached DistributedDataParallel(...) when fit wrapped the model
+    with pytest.raises(TypeError, match=message):
+        HeteroStrategy(**kwargs)
+
+
+def test_every_keyword_of_distributed_data_parallel_still_reaches_it():
+    import inspect
+
+    signature = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__)
+    forwarded = {
+        name: parameter.default
+        for name, parameter in signature.parameters.items()
+        if name not in ("self", "module", "device_ids")
+    }
+    assert "find_unused_parameters" in forwarded and "static_graph" in forwarded
+    assert HeteroStrategy(**forwarded)._ddp_kwargs == forwarded
 
 
 @pytest.mark.parametrize(
@@ -557,3 +588,32 @@ def test_ddps_unused_parameters_error_names_the_hetero_option():
     assert message.startswith("It looks like your LightningModule has parameters that were")
     assert "pass `strategy=HeteroStrategy(find_unused_parameters=True)`" in message
     assert "would train with plain DDP instead" in message
+
+
+def test_the_cli_example_prints_the_strategy_options(monkeypatch, capsys):
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    monkeypatch.syspath_prepend(str(examples))  # cli.py imports train.py from its folder
+    spec = importlib.util.spec_from_file_location("cli_example", examples / "cli.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["fit", "--print_config"])
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    assert "strategy: auto" not in printed
+    assert "class_path: lightning_hetero.HeteroStrategy" in printed
+    for option in ("mode: bsp", "deadband: auto", "batch_sizes: uniform", "adjust_every: epoch"):
+        assert f"      {option}\n" in printed  # under init_args
+
+
+def test_the_cli_page_quotes_lightnings_error_for_an_unregistered_strategy_name():
+    # what a LightningCLI script that never imports lightning_hetero gets for strategy=hetero
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    quoted = page.split("```text\n", 1)[1].split("\n```", 1)[0]
+    quoted = " ".join(quoted.split())
+    assert quoted.startswith(
+        "ValueError: You selected an invalid strategy name: `strategy='hetero'`."
+    )
+    with pytest.raises(ValueError) as error:
+        pl.Trainer(strategy="not_imported", logger=False)
+    assert f"ValueError: {error.value}" == quoted.replace("'hetero'", "'not_imported'")

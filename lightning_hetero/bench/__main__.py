@@ -361,6 +361,11 @@ def main(argv: list[str] | None = None) -> None:
     simulated.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     simulated.add_argument("--seeds", type=int, default=5, help="noise seeds per scenario")
     simulated.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print the controllers' warnings (by default only counted under the table)",
+    )
+    simulated.add_argument(
         "--no-predictors",
         dest="predictors",
         action="store_false",
@@ -425,7 +430,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.seeds < 1:
             parser.error("need --seeds >= 1")
         try:
-            print(simulate_report(args.controllers, args.scenarios, range(args.seeds)))
+            print(
+                simulate_report(
+                    args.controllers, args.scenarios, range(args.seeds), verbose=args.verbose
+                )
+            )
             if args.predictors:
                 print(predictor_table(range(args.seeds)))
         except ValueError as err:

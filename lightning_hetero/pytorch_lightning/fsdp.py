@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from lightning_hetero.pytorch_lightning._lightning import model_parallel_setup
 from lightning_hetero._namespaces import SameCopy
+from lightning_hetero._options import keywords, refuse_unknown
 from lightning_hetero.pytorch_lightning.engine import HeteroEngine, HeteroOptions, hetero_parts
 from lightning_hetero.modes import ModeOptions, ShardedMode
 from lightning_hetero.planning import Controller
@@ -95,8 +96,12 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
                 f"HeteroFSDPStrategy does not take {ddp_only}: they belong to HeteroStrategy's"
                 " DDP modes. Remove them, or train with HeteroStrategy."
             )
-        if kwargs:
-            raise TypeError(f"HeteroFSDPStrategy got unexpected arguments {sorted(kwargs)}.")
+        refuse_unknown(
+            "HeteroFSDPStrategy",
+            kwargs,
+            keywords(HeteroFSDPStrategy.__init__),
+            "its keyword arguments (docs: Options)",
+        )
         if tensor_parallel_size != 1:
             raise ValueError(
                 f"HeteroFSDPStrategy shards over data-parallel ranks only; got"
