@@ -98,7 +98,7 @@ def _iterable_refusal(dataset: IterableDataset) -> str:
 
 
 class _ResumableLoader(DataLoader):
-    """The training loader of a :class:`~lightning_hetero.streaming.ChunkedDataset`, which
+    """The training loader of a [`ChunkedDataset`][lightning_hetero.streaming.ChunkedDataset], which
     Lightning checkpoints inside an epoch (``state_dict``) and resumes where it stopped.
 
     Lightning's training loop fetches no batch ahead of a loader with a length, so the
@@ -124,7 +124,8 @@ class _ResumableLoader(DataLoader):
 
 def epoch_order(dataset: Any, shuffle: bool, seed: int, global_batch_size: int) -> EpochPermutation:
     """The order of ``dataset``'s samples in each epoch, the same on every rank: one
-    permutation of all indices, or, for a :class:`~lightning_hetero.streaming.ChunkedDataset`,
+    permutation of all indices, or, for a
+    [`ChunkedDataset`][lightning_hetero.streaming.ChunkedDataset],
     its chunk-aware permutation (each global batch of ``global_batch_size`` ordered by
     chunk)."""
     epochs = EpochPermutation(len(dataset), shuffle=shuffle, seed=seed)
@@ -136,7 +137,8 @@ def epoch_order(dataset: Any, shuffle: bool, seed: int, global_batch_size: int) 
 def with_batch_sampler(loader: DataLoader, batch_sampler: Sampler[Any]) -> DataLoader:
     """A plain DataLoader like ``loader`` that draws its batches from ``batch_sampler``.
 
-    The loader of a :class:`~lightning_hetero.streaming.ChunkedDataset` also resumes inside
+    The loader of a [`ChunkedDataset`][lightning_hetero.streaming.ChunkedDataset] also resumes
+    inside
     an epoch from a checkpoint.
     """
     if type(loader) is not DataLoader:

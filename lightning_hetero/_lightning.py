@@ -1,7 +1,7 @@
 """Every use of Lightning's private attributes, in one place.
 
 Each helper says which Lightning behaviour it relies on (checked against the versions in
-:data:`SUPPORTED`); :data:`PRIVATE_ATTRIBUTES` lists what they touch, and a test fails loudly
+``SUPPORTED``); ``PRIVATE_ATTRIBUTES`` lists what they touch, and a test fails loudly
 when a Lightning release drops one of them. A Lightning upgrade touches this file only.
 """
 

@@ -288,7 +288,7 @@ class ServerClient:
     @staticmethod
     def init_rpc(rank: int, world_size: int, host: str, timeout: float, main_port: int) -> None:
         """Join the RPC group, whose rendezvous rank 0 serves at ``host`` (the job's main
-        address) on :func:`rpc_port` of ``main_port``, as rank 0 reads it (broadcast over the
+        address) on ``rpc_port`` of ``main_port``, as rank 0 reads it (broadcast over the
         process group, so only rank 0's ``HETERO_RPC_PORT`` counts)."""
         port = [rpc_port(main_port) if rank == 0 else None]
         dist.broadcast_object_list(port, src=0)
@@ -338,11 +338,11 @@ class ServerClient:
             ) from err
 
     def push(self, *args: Any) -> PushResult:
-        """:meth:`ParameterServer.push` on the server."""
+        """``ParameterServer.push`` on the server."""
         return self._call("push", _remote_push, self.rank, *args)
 
     def pull(self, index: int) -> PushResult:
-        """:meth:`ParameterServer.pull` on the server."""
+        """``ParameterServer.pull`` on the server."""
         return self._call("pull", _remote_pull, index)
 
     def echo(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,8 +1,8 @@
 """Mode benchmark: time-to-accuracy of uniform DDP and HeteroStrategy's modes (paper 002).
 
-Every repeat trains each configuration of :data:`CONFIGS` once on the same emulated
+Every repeat trains each configuration of ``CONFIGS`` once on the same emulated
 cluster, back to back, validating after every epoch; the order changes from one repeat to
-the next (:func:`run_order`). Speedups against ``ddp`` are taken within a repeat; the
+the next (``run_order``). Speedups against ``ddp`` are taken within a repeat; the
 report gives minimum, median and maximum over repeats.
 """
 

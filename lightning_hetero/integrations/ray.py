@@ -1,9 +1,10 @@
 """Ray Train: per-rank batch sizes for workers that Ray places and restarts.
 
 ``ray.train.lightning.prepare_trainer`` accepts Ray's own strategies only, so these are
-:class:`~lightning_hetero.HeteroStrategy` and :class:`~lightning_hetero.HeteroFSDPStrategy`
+[`HeteroStrategy`][lightning_hetero.HeteroStrategy] and
+[`HeteroFSDPStrategy`][lightning_hetero.HeteroFSDPStrategy]
 made Ray strategies: the plan, re-planning, weighted gradients, checkpoints and a resume on
-another worker count work as under torchrun. Inside ``TorchTrainer``'s training function::
+another worker count work as under torchrun. Inside ``TorchTrainer``'s training function:
 
     import lightning.pytorch as pl
     from ray.train.lightning import RayTrainReportCallback
@@ -20,7 +21,7 @@ another worker count work as under torchrun. Inside ``TorchTrainer``'s training 
 Needs the ``ray`` extra (``pip install 'lightning_hetero[ray]'``). Ray builds its Lightning
 integration on ``lightning.pytorch`` whenever ``lightning`` is installed, which this package
 requires, so there is no ``pytorch_lightning`` twin: a ``pytorch_lightning`` Trainer or
-LightningModule is refused with what to import instead. See ``docs/ray.md``.
+LightningModule is refused with what to import instead. See [Ray](../ray.md).
 """
 
 import os
@@ -126,7 +127,8 @@ class _OnRay:
 
 
 def _report_after_boundary(callbacks: list[pl.Callback]) -> None:
-    """Move the :class:`~lightning_hetero.HeteroCallback` before the first Ray report callback,
+    """Move the [`HeteroCallback`][lightning_hetero.HeteroCallback] before the first Ray report
+    callback,
     so that the checkpoint Ray reports at an epoch end holds that epoch's boundary (the plan,
     the controller and each rank's throughput, which a resume on another worker count needs)."""
     reports = [i for i, cb in enumerate(callbacks) if isinstance(cb, RayTrainReportCallback)]
@@ -136,7 +138,7 @@ def _report_after_boundary(callbacks: list[pl.Callback]) -> None:
 
 
 class RayHeteroStrategy(_OnRay, HeteroStrategy, RayDDPStrategy):
-    """:class:`~lightning_hetero.HeteroStrategy` for Ray Train (a ``RayDDPStrategy``).
+    """[`HeteroStrategy`][lightning_hetero.HeteroStrategy] for Ray Train (a ``RayDDPStrategy``).
 
     Every option and mode of ``HeteroStrategy`` (``"bsp"``, ``"async"``, ``"local"``) works as
     under torchrun. Ray Train creates the process group before Lightning starts, so the
@@ -161,12 +163,12 @@ class RayHeteroStrategy(_OnRay, HeteroStrategy, RayDDPStrategy):
 
 
 class RayHeteroFSDPStrategy(_OnRay, HeteroFSDPStrategy):
-    """:class:`~lightning_hetero.HeteroFSDPStrategy` (FSDP2) for Ray Train.
+    """[`HeteroFSDPStrategy`][lightning_hetero.HeteroFSDPStrategy] (FSDP2) for Ray Train.
 
     Accepted by ``prepare_trainer`` as Ray's sharded strategy (a virtual subclass of
     ``RayFSDPStrategy``, which is FSDP1: Ray has no FSDP2 strategy). The options are those of
     ``HeteroFSDPStrategy``; ``data_parallel_size="auto"`` shards over all Ray workers. The
-    backend and timeout belong to ``TorchConfig``, as for :class:`RayHeteroStrategy`.
+    backend and timeout belong to ``TorchConfig``, as for ``RayHeteroStrategy``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -216,7 +218,7 @@ def checkpoint_path(name: str = RayTrainReportCallback.CHECKPOINT_NAME) -> Itera
     for ``trainer.fit(..., ckpt_path=...)``; ``None`` when the run has none (a first start).
 
     A restart of the worker group, on the same or another number of workers, resumes from it:
-    the plan continues, or is made anew from the saved throughputs (see ``docs/ray.md``).
+    the plan continues, or is made anew from the saved throughputs (see [Ray](../ray.md)).
     The file stays while the context is open (a remote checkpoint is downloaded into a
     temporary folder).
     """

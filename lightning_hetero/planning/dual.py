@@ -115,7 +115,7 @@ class DualBatchPlan:
     """A dual batch plan; ranks ``0..n_L-1`` use ``B_L``, the last ``n_S`` ranks ``B_S``.
 
     ``large_samples`` and ``small_samples`` are the exact ``d_L`` and ``d_S``;
-    :attr:`samples` rounds them to integers that sum to the dataset size.
+    ``samples`` rounds them to integers that sum to the dataset size.
     """
 
     time_model: TimeModel
@@ -256,7 +256,8 @@ def plan_dual_batch(
     """Plan dual batch size learning (paper 003, Eqs. 4-8).
 
     Args:
-        time_model: per-step time against batch size, e.g. :meth:`TimeModel.fit`.
+        time_model: per-step time against batch size, e.g.
+            [`TimeModel.fit`][lightning_hetero.planning.dual.TimeModel.fit].
         dataset_size: ``d``, training samples per epoch.
         world_size: ``n``, workers.
         small_workers: ``n_S`` in ``[0, n]``; ``0`` plans the all-``B_L`` baseline
@@ -339,8 +340,9 @@ def plan_dual_batch(
 class DualBatchController(StaticController):
     """Dual batch size learning (paper 003) for ``HeteroStrategy(mode="async")``.
 
-    The strategy times probe batches, plans with :func:`plan_dual_batch` and runs the plan;
-    the plan then stays fixed while training (:meth:`update` keeps it).
+    The strategy times probe batches, plans with
+    [`plan_dual_batch`][lightning_hetero.planning.dual.plan_dual_batch] and runs the plan;
+    the plan then stays fixed while training (``update`` keeps it).
 
     Args:
         extra_time_ratio: ``k > 1``, the epoch time allowed relative to every worker

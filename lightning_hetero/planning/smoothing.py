@@ -39,11 +39,11 @@ class TimingSmoother:
     step after a restart is discarded when later steps arrive: it pays one-off costs
     (allocator growth, DDP bucket rebuilding, cold caches). A step timed only from its
     batch's arrival (``full=False``: an epoch's first, see
-    :class:`~lightning_hetero._comm.StepRecord`) counts only while no fully timed one exists.
+    ``StepRecord``) counts only while no fully timed one exists.
 
     Besides the average it keeps, over the same steps, how noisy they are
-    (:attr:`compute_se`) and the plain mean of the whole step, compute plus waiting
-    (:attr:`step_s`, the synchronous step time in lock-step modes) with its standard error,
+    (``compute_se``) and the plain mean of the whole step, compute plus waiting
+    (``step_s``, the synchronous step time in lock-step modes) with its standard error,
     over the steps of the latest ``plan`` only: another rank's change makes this rank's
     steps longer or shorter at the same batch size.
 
@@ -112,7 +112,7 @@ class TimingSmoother:
 
     @property
     def compute_se(self) -> float:
-        """Standard error of :attr:`compute_s`: the per-step standard deviation (weighted
+        """Standard error of ``compute_s``: the per-step standard deviation (weighted
         as the average weighs the steps, so that old readings fade) over the square root of
         the steps the average holds (at most ``(1 + a) / (1 - a)`` for an EWMA of factor
         ``a``); ``nan`` below two steps."""
@@ -129,11 +129,11 @@ class TimingSmoother:
 
     @property
     def step_count(self) -> int:
-        """Steps in :attr:`step_s`."""
+        """Steps in ``step_s``."""
         return self._step.count
 
     @property
     def step_se(self) -> float:
-        """Standard error of :attr:`step_s` (``nan`` below two steps)."""
+        """Standard error of ``step_s`` (``nan`` below two steps)."""
         n = self._step.count
         return self._step.std / sqrt(n) if n > 1 else nan

@@ -160,7 +160,7 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, _ShardedParallel):
     The other options (``controller``, ``batch_sizes``, ``global_batch_size``,
     ``min_batch_size``, ``max_batch_size``, ``memory_safety``, ``probe_batch_sizes``,
     ``deadband``, ``revert_slower``, ``smoothing``, ``adjust_every``, ``shuffle``) mean what
-    they mean for :class:`~lightning_hetero.HeteroStrategy`.
+    they mean for [`HeteroStrategy`][lightning_hetero.HeteroStrategy].
     """
 
     strategy_name = "hetero_fsdp"

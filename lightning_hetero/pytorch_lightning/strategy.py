@@ -3,10 +3,10 @@
 """HeteroStrategy: DDP in which every rank gets its own batch size.
 
 The strategy is ``DDPStrategy`` with the hetero engine mixed in
-(:class:`~lightning_hetero.pytorch_lightning.engine.HeteroEngine`), which hands every lifecycle hook to the
-training mode (:mod:`lightning_hetero.modes`), makes plans with the plan state
-(:class:`~lightning_hetero.plan_state.PlanState`) and runs boundaries with the re-planner
-(:class:`~lightning_hetero.replan.Replanner`). Here: the options, and how DDP wraps the model.
+(``HeteroEngine``), which hands every lifecycle hook to the
+training mode (``lightning_hetero.modes``), makes plans with the plan state
+(``PlanState``) and runs boundaries with the re-planner
+(``Replanner``). Here: the options, and how DDP wraps the model.
 """
 
 from collections.abc import Callable
@@ -45,11 +45,11 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             as it arrives, with learning rate ``lr * b_k / B``; ranks never wait for each
             other within an epoch. ``"local"``: local SGD; each rank steps its own replica
             on batches claimed from a shared pool of ``megabatch_size`` samples, and the
-            replicas are merged after each mega-batch (see ``docs/modes.md``).
+            replicas are merged after each mega-batch (see [Training modes](../modes.md)).
         controller: a controller name (``"proportional"``, ``"model"``, ``"lbbsp"``,
             ``"stepwise"``, ``"updates"``, ``"static"``; built with ``deadband``;
             ``"dual"``, dual batch size learning, with ``mode="async"`` only) or a
-            :class:`~lightning_hetero.planning.Controller` instance. Default:
+            [`Controller`][lightning_hetero.planning.Controller] instance. Default:
             ``"updates"`` in local mode, ``"proportional"`` otherwise.
         batch_sizes: the initial plan: ``"uniform"``, ``"cores"`` (CPU cores each rank's
             process may use), ``"flops"`` (GPU SMs x clock via NVML, falling back to
@@ -65,7 +65,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             training steps at a few batch sizes before training, fits
             ``memory = fixed + per_sample * b`` and takes the largest ``b`` that stays under
             ``memory_safety`` of its free memory (model, optimizer and random state are put
-            back afterwards; see ``docs/controllers.md``).
+            back afterwards; see [Controllers and re-planning](../controllers.md)).
         memory_safety: fraction of the free memory ``max_batch_size="auto"`` plans for, in
             ``(0, 1]``.
         probe_batch_sizes: batch sizes ``max_batch_size="auto"`` probes (default: four
@@ -76,7 +76,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             ranks' step times, at least 1% (controllers without ``"auto"`` use 5%).
         revert_slower: BSP: check every plan change against the measured wall time of a
             step and undo a change that made steps slower beyond the measured noise; later
-            changes then move half as far (see ``docs/controllers.md``, "Never slower than DDP").
+            changes then move half as far (see [Controllers and re-planning](../controllers.md),
+            "Never slower than DDP").
         smoothing: EWMA factor of step times, in ``[0, 1)``; 0 keeps only the last step.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
@@ -103,19 +104,19 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         gamma: local mode: merge momentum in ``[0, 1)``: the merged model is
             ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 (default) is plain weighted
             averaging. ``gamma > 0`` amplifies a steady move up to ``1 / (1 - gamma)`` times
-            and needs a smaller learning rate (see ``docs/modes.md``).
-        **kwargs: forwarded to :class:`~torch.nn.parallel.DistributedDataParallel`
+            and needs a smaller learning rate (see [Training modes](../modes.md)).
+        **kwargs: forwarded to ``DistributedDataParallel``
             (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``. A name that is
             neither an option above nor a keyword of ``DistributedDataParallel`` is refused
             here, with the closest valid name.
 
-    The positional arguments are those of :class:`~pytorch_lightning.strategies.DDPStrategy`,
+    The positional arguments are those of ``DDPStrategy``,
     in its order; the options above are keyword-only. DDP communication hooks and
     post-local-SGD are refused: gradients are weighted by scaling each rank's loss and
     averaged by DDP's own all-reduce, which they would replace.
 
     The first plan is made when Lightning loads the training data at the start of ``fit``,
-    after the optimizers exist (see ``docs/data.md`` for ``estimated_stepping_batches``).
+    after the optimizers exist (see [Data loaders](../data.md) for ``estimated_stepping_batches``).
     """
 
     strategy_name = "hetero"
