@@ -39,7 +39,7 @@ def compress(plans: list[list[int]]) -> str:
     return ", ".join(f"{plan} x{count}" if count > 1 else str(plan) for plan, count in runs)
 
 
-def summary(speedup: float, ideal: float, split: list[int]) -> str:
+def summary_line(speedup: float, ideal: float, split: list[int]) -> str:
     """The demo's result in one line."""
     return (
         f"speedup {speedup:.2f}x per epoch (ideal {ideal:.2f}x, with the speed-proportional"
@@ -109,7 +109,7 @@ def main() -> None:
     ddp_s = statistics.median(results["ddp"]["epoch_s"][SKIP:])
     hetero_s = statistics.median(results["hetero"]["epoch_s"][SKIP:])
     ideal = ideal_speedup(cores)
-    print(f"\n{summary(ddp_s / hetero_s, ideal, proportional_split(cores, 128))}")
+    print(f"\n{summary_line(ddp_s / hetero_s, ideal, proportional_split(cores, 128))}")
     plans = [h["next_batch_sizes"] for h in results["hetero"]["history"]]
     print(f"plan per boundary: {compress(plans)}")
     print(ACCURACY_NOTE)

@@ -25,7 +25,7 @@ def test_repeated_plans_are_collapsed_with_their_count(demo):
 
 
 def test_the_summary_is_one_line_without_a_trailing_separator(demo):
-    line = demo.summary(1.8234, 2.0, [24, 24, 16, 64])
+    line = demo.summary_line(1.8234, 2.0, [24, 24, 16, 64])
     assert line == (
         "speedup 1.82x per epoch (ideal 2.00x, with the speed-proportional split [24, 24, 16, 64])"
     )
