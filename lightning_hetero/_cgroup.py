@@ -7,7 +7,7 @@ hierarchy) the files lie in ``root`` itself, on v1 in ``root/<controller>``.
 hierarchy's root ones (which have no limits).
 
 A path that is not a file reads as missing. Other errors (an unreadable file, text that
-is not a number) propagate as :class:`OSError` or :class:`ValueError`; callers treat
+is not a number) propagate as ``OSError`` or ``ValueError``; callers treat
 them as "unknown".
 """
 
@@ -51,9 +51,9 @@ def read_int(path: Path, field: int = 0) -> int | None:
 
 
 def read_limit(path: Path, field: int = 0) -> int | None:
-    """A limit in a file (:func:`read_int`), ``None`` when the file or field is missing or
+    """A limit in a file (``read_int``), ``None`` when the file or field is missing or
     the value means "unlimited": ``max`` (v2), a negative number or one of at least
-    :data:`V1_UNLIMITED` (v1)."""
+    ``V1_UNLIMITED`` (v1)."""
     if not path.is_file():
         return None
     fields = path.read_text().split()

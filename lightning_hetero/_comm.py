@@ -35,22 +35,22 @@ class HostStepTimer:
     and the callbacks' work after the previous step (progress bar, logging), fetching and
     collating this step's batch (with ``DataLoader(num_workers=0)`` on this thread), moving
     it to the device, forward, every backward, gradient clipping and the optimizer step. A
-    step ends at its last *end mark*: the end of a backward (:meth:`backward_done`) or of
-    an optimizer step (:meth:`step_done`). The first step after :meth:`break_cycle` (an
+    step ends at its last *end mark*: the end of a backward (``backward_done``) or of
+    an optimizer step (``step_done``). The first step after ``break_cycle`` (an
     epoch's first, the first after validation) has no previous end: it is timed from
-    :meth:`start` (its batch is on the device) and recorded with ``full=False``.
+    ``start`` (its batch is on the device) and recorded with ``full=False``.
 
     Inside the cycle, the time spent waiting for other ranks is the sum of its *wait
     segments*: each backward's, from the moment its local gradients were ready (the last
-    :meth:`grads_ready` call; one per accumulated gradient) until the backward ended
+    ``grads_ready`` call; one per accumulated gradient) until the backward ended
     (all-reduce finished, waiting for slower ranks included), and any other collective timed
-    with :meth:`waiting` (a ``sync_dist`` reduction, the re-planner's boundary). ``wait_s``
+    with ``waiting`` (a ``sync_dist`` reduction, the re-planner's boundary). ``wait_s``
     is that sum, ``compute_s`` the cycle's time minus it, and ``compute_s + wait_s`` the
     wall time of the cycle: the synchronous step time. A backward without a hook call
     (``no_sync`` during gradient accumulation, or no DDP at all) is all compute; a wait that
     begins after a step's last end mark belongs to the next step's cycle.
 
-    :meth:`finish` (also called by :meth:`start` and :meth:`collect`) closes the step; a
+    ``finish`` (also called by ``start`` and ``collect``) closes the step; a
     step without an end mark (nothing was backpropagated) records nothing and breaks the
     cycle, and marks made while no step is open are ignored.
     """
@@ -89,7 +89,7 @@ class HostStepTimer:
         self._start = self._cycle_begin if self._full else self._now()
 
     def break_cycle(self) -> None:
-        """What runs until the next :meth:`start` is no step's cost (a new epoch, validation):
+        """What runs until the next ``start`` is no step's cost (a new epoch, validation):
         the next step is timed from its start."""
         self.finish()
         self._cycle_begin = None
@@ -179,8 +179,8 @@ class CudaStepTimer(HostStepTimer):
     them. Work the host does while the device is still busy costs nothing and counts
     nothing. Waits are the device time between a backward's gradients-ready event and its
     end (the all-reduce, and any idling for a slower rank), and blocks timed with
-    :meth:`waiting`. Events are read once they have completed, so timing never blocks the
-    host except when :meth:`collect` is asked to ``synchronize`` at a boundary.
+    ``waiting``. Events are read once they have completed, so timing never blocks the
+    host except when ``collect`` is asked to ``synchronize`` at a boundary.
     """
 
     def _now(self) -> torch.cuda.Event:

@@ -98,7 +98,7 @@ def _iterable_refusal(dataset: IterableDataset) -> str:
 
 
 class _ResumableLoader(DataLoader):
-    """A training loader driven by a :class:`~lightning_hetero.sampler.GlobalBatchSampler`,
+    """A training loader driven by a ``GlobalBatchSampler``,
     which Lightning checkpoints inside an epoch (``state_dict``) and resumes where it stopped:
     every sample is trained once per epoch across a mid-epoch checkpoint.
 
@@ -125,7 +125,8 @@ class _ResumableLoader(DataLoader):
 
 def epoch_order(dataset: Any, shuffle: bool, seed: int, global_batch_size: int) -> EpochPermutation:
     """The order of ``dataset``'s samples in each epoch, the same on every rank: one
-    permutation of all indices, or, for a :class:`~lightning_hetero.streaming.ChunkedDataset`,
+    permutation of all indices, or, for a
+    [`ChunkedDataset`][lightning_hetero.streaming.ChunkedDataset],
     its chunk-aware permutation (each global batch of ``global_batch_size`` ordered by
     chunk)."""
     epochs = EpochPermutation(len(dataset), shuffle=shuffle, seed=seed)
@@ -137,7 +138,7 @@ def epoch_order(dataset: Any, shuffle: bool, seed: int, global_batch_size: int) 
 def with_batch_sampler(loader: DataLoader, batch_sampler: Sampler[Any]) -> DataLoader:
     """A plain DataLoader like ``loader`` that draws its batches from ``batch_sampler``.
 
-    With a :class:`~lightning_hetero.sampler.GlobalBatchSampler` (map-style datasets, the
+    With a ``GlobalBatchSampler`` (map-style datasets, the
     streaming views), the loader also resumes inside an epoch from a checkpoint.
     """
     if type(loader) is not DataLoader:

@@ -4,7 +4,7 @@ Under FSDP2 (``torch.distributed.fsdp.fully_shard``) every rank meets the others
 the step: the all-gathers before each group's forward and backward, and the
 reduce-scatters after each group's backward. A fast rank therefore waits for the slowest
 *inside* its step, so the step's wall time is the same on every rank. To know what a rank
-itself costs, subtract the time it sat in those collectives::
+itself costs, subtract the time it sat in those collectives:
 
     compute_s = step wall time - CollectiveWaitMeter.take()
 
@@ -14,9 +14,9 @@ between forward and backward, the optimizer step) stays compute.
 How it is measured
 ------------------
 FSDP2 keeps one ``FSDPParamGroup`` per ``fully_shard`` call and does all its
-communication in four of that object's methods; :meth:`CollectiveWaitMeter.install`
+communication in four of that object's methods; ``CollectiveWaitMeter.install``
 shadows them **on the instances** (an attribute on each group object, never the class),
-so only the module it was given is measured and :meth:`~CollectiveWaitMeter.remove`
+so only the module it was given is measured and ``remove``
 restores the originals exactly:
 
 ``FSDPParamGroup.unshard(async_op=False)``
@@ -67,7 +67,7 @@ event on the current (compute) stream before and after each call and sums
 *host* never blocks on them, but the compute stream stalls inside ``wait_for_unshard``
 (waiting for the all-gather event), ``post_backward`` (waiting for an older
 reduce-scatter) and ``finalize_backward`` (waiting for the last reduce-scatters); the
-event pair brackets exactly that stall plus the copies. :meth:`take` then has to read
+event pair brackets exactly that stall plus the copies. ``take`` then has to read
 the events: it waits for them to complete (``synchronize=True``, the default) or leaves
 incomplete ones for the next call. The device path was written against torch's event API
 but has not been run on a multi-GPU FSDP job here.
@@ -75,8 +75,8 @@ but has not been run on a multi-GPU FSDP job here.
 Failure
 -------
 The meter never breaks training. If a module has no FSDP2 state, or a group lacks one of
-the methods (a torch release that renamed them), :meth:`install` warns
-(``FSDPWaitMeterWarning``) and measures what it can (possibly nothing: :meth:`take` then
+the methods (a torch release that renamed them), ``install`` warns
+(``FSDPWaitMeterWarning``) and measures what it can (possibly nothing: ``take`` then
 returns ``0.0``, i.e. "no wait measured", and ``compute = wall``). Errors in the meter's own
 bookkeeping are swallowed after one warning; errors raised by FSDP itself propagate
 unchanged. It measures eager FSDP2; with ``torch.compile`` tracing FSDP's hooks
@@ -128,12 +128,12 @@ WAIT_METHODS: tuple[str, ...] = (
 
 
 class FSDPWaitMeterWarning(UserWarning):
-    """FSDP2's internals are not where :class:`CollectiveWaitMeter` expects them."""
+    """FSDP2's internals are not where ``CollectiveWaitMeter`` expects them."""
 
 
 @dataclass
 class WaitStats:
-    """What :meth:`CollectiveWaitMeter.take_stats` returns for one interval (a step).
+    """What ``CollectiveWaitMeter.take_stats`` returns for one interval (a step).
 
     Attributes:
         wait_s: seconds blocked in FSDP's collectives.
@@ -214,7 +214,7 @@ class _Wrapper:
 class CollectiveWaitMeter:
     """Accumulate the seconds this process spends blocked in FSDP2's collectives.
 
-    Usage::
+    Usage:
 
         meter = CollectiveWaitMeter().install(model)  # after fully_shard(...)
         for batch in loader:
@@ -335,7 +335,7 @@ class CollectiveWaitMeter:
         return self.take_stats(synchronize).wait_s
 
     def take_stats(self, synchronize: bool = True) -> WaitStats:
-        """Like :meth:`take`, with the split by method, call count and gradient-ready mark.
+        """Like ``take``, with the split by method, call count and gradient-ready mark.
 
         With ``clock="device"``, ``synchronize=True`` waits for the recorded events to
         complete; ``False`` reads only completed ones and keeps the rest for later.

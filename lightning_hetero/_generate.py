@@ -3,15 +3,15 @@
 
 ``make generate`` (``python -m lightning_hetero._generate``) writes
 ``lightning_hetero/pytorch_lightning/<name>.py`` for each module ``<name>`` of
-:data:`~lightning_hetero._namespaces.TWINNED`: ``lightning_hetero/<name>.py`` with the rewrites
+``TWINNED``: ``lightning_hetero/<name>.py`` with the rewrites
 of Lightning's own build (``lightning.pytorch`` -> ``pytorch_lightning``, ``lightning.fabric`` ->
 ``lightning_fabric``) and imports of other twinned modules pointed at their twins. Pure modules
 are not copied: both copies import them from ``lightning_hetero``. Each file starts with a
-two-line header (:func:`header`), so its line ``N + 2`` is line ``N`` of the source.
+two-line header (``header``), so its line ``N + 2`` is line ``N`` of the source.
 
 The twins are checked in; ``tests/test_namespaces.py`` fails when one is stale, and when a module
 that uses Lightning (directly or through a twinned module) is missing from ``TWINNED``
-(:func:`lightning_facing`).
+(``lightning_facing``).
 
 usage: python -m lightning_hetero._generate [--out DIR]
 """

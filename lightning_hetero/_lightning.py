@@ -1,9 +1,9 @@
 """Every use of Lightning's private attributes, in one place.
 
 Each helper says which Lightning behaviour it relies on (checked against the versions in
-:data:`SUPPORTED`); :data:`PRIVATE_ATTRIBUTES` lists what they touch, and a test fails loudly
+``SUPPORTED``); ``PRIVATE_ATTRIBUTES`` lists what they touch, and a test fails loudly
 when a Lightning release drops one of them. The one copy of a Lightning method's sequence,
-:func:`model_parallel_setup`, is compared with Lightning's source by a test too. A Lightning
+``model_parallel_setup``, is compared with Lightning's source by a test too. A Lightning
 upgrade touches this file only.
 """
 

@@ -6,18 +6,18 @@ Trainer, and vice versa. Lightning itself produces ``pytorch_lightning`` from
 ``lightning.pytorch`` by rewriting ``lightning.pytorch`` -> ``pytorch_lightning`` and
 ``lightning.fabric`` -> ``lightning_fabric``; lightning_hetero does the same:
 
-- Twins. The modules of :data:`TWINNED` (those that use Lightning) have generated copies,
+- Twins. The modules of ``TWINNED`` (those that use Lightning) have generated copies,
   ``lightning_hetero/pytorch_lightning/<name>.py``, with those imports rewritten (``make
-  generate``, :mod:`lightning_hetero._generate`). Pure modules (``planning``, ``sampler``,
+  generate``, ``lightning_hetero._generate``). Pure modules (``planning``, ``sampler``,
   ``_comm``, ...) are shared by both copies.
 - Registration. ``import lightning_hetero`` registers ``"hetero"`` (and the class paths, for
   LightningCLI) in both copies' strategy registries; ``pytorch_lightning``'s entries build the
   twin, whose modules load only then.
 - One copy per object. An object goes to its own copy's Trainer only; given to the other
-  copy's, it raises an error that names the import to use (:class:`SameCopy`). The Trainer's
+  copy's, it raises an error that names the import to use (``SameCopy``). The Trainer's
   accelerator connector checks that a strategy object is a ``Strategy`` of its copy (met by
-  registering each strategy as a virtual subclass, :meth:`abc.ABCMeta.register`, of the other
-  copy's base class, :func:`accept_in`) and then sets ``strategy.accelerator`` before it calls
+  registering each strategy as a virtual subclass, ``abc.ABCMeta.register``, of the other
+  copy's base class, ``accept_in``) and then sets ``strategy.accelerator`` before it calls
   anything else on it: the strategy refuses the other copy's accelerator there, untouched.
 
 Nothing here imports Lightning with an import statement: this module is shared by both
@@ -70,7 +70,7 @@ def _copy(namespace: str | None) -> str:
 
 
 def _twinned_module(cls: type) -> str | None:
-    """The :data:`TWINNED` module that defines ``cls`` in either copy; ``None`` when ``cls``
+    """The ``TWINNED`` module that defines ``cls`` in either copy; ``None`` when ``cls``
     is not one of the package's own Lightning classes (e.g. a user's subclass)."""
     for prefix in (f"{TWIN_PACKAGE}.", f"{PACKAGE}."):
         if cls.__module__.startswith(prefix):
@@ -162,7 +162,7 @@ class SameCopy:
 
 
 def _inherited(obj: Any, name: str) -> Any:
-    """``name`` as the class after :class:`SameCopy` in ``obj``'s MRO defines it."""
+    """``name`` as the class after ``SameCopy`` in ``obj``'s MRO defines it."""
     mro = type(obj).__mro__
     for klass in mro[mro.index(SameCopy) + 1 :]:
         if name in vars(klass):
@@ -195,7 +195,7 @@ def _lightning_base(cls: type) -> type:
 
 def accept_in(namespace: str, cls: type) -> None:
     """Let the copy ``namespace``'s Trainer take ``cls``'s objects (built on the other copy)
-    far enough to refuse them with the import to use (:class:`SameCopy`): ``cls`` becomes a
+    far enough to refuse them with the import to use (``SameCopy``): ``cls`` becomes a
     virtual subclass of its Lightning base class in that copy, which is what the Trainer checks
     first (without it, Lightning reports an invalid strategy name)."""
     counterpart(_lightning_base(cls), namespace).register(cls)
@@ -216,7 +216,7 @@ class _BuildTwin:
 def register_in_pytorch_lightning(strategies: list[type]) -> None:
     """Register the twins of the ``lightning.pytorch`` strategies ``strategies`` in
     ``pytorch_lightning``'s registry, without loading them until one is used; the objects of
-    ``strategies`` reach the Trainer's check (:func:`accept_in`)."""
+    ``strategies`` reach the Trainer's check (``accept_in``)."""
     registry = importlib.import_module("pytorch_lightning.strategies").StrategyRegistry
     for cls in strategies:
         register_strategy(registry, cls, factory=_BuildTwin(cls))
@@ -241,7 +241,7 @@ def strategy_aliases(cls: type) -> list[str]:
 
 def register_strategy(registry: Any, cls: type, factory: Any = None) -> None:
     """Register ``cls`` in one copy's ``StrategyRegistry``: what its ``register_strategies``
-    registers (built by ``factory`` when given) and its class paths (:func:`strategy_aliases`)."""
+    registers (built by ``factory`` when given) and its class paths (``strategy_aliases``)."""
     own = type(registry)()
     cls.register_strategies(own)  # type: ignore[attr-defined]
     for name, data in own.items():

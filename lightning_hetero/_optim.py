@@ -44,7 +44,7 @@ def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def check_lr_scaling(value: Any) -> Literal["auto", "linear", "sqrt", "none"]:
-    """``lr_scaling`` as one of :data:`LR_SCALING` (``True``: ``"linear"``, ``False``:
+    """``lr_scaling`` as one of ``LR_SCALING`` (``True``: ``"linear"``, ``False``:
     ``"none"``); anything else is refused naming the option.
 
     Examples:
@@ -75,7 +75,7 @@ def is_adaptive(optimizer: torch.optim.Optimizer) -> bool:
 
 def lr_rule(lr_scaling: Any, optimizer: torch.optim.Optimizer) -> Rule:
     """The scaling rule ``lr_scaling`` means for ``optimizer``: ``"auto"`` is ``"sqrt"`` for
-    adaptive optimizers (:func:`is_adaptive`), ``"linear"`` for the SGD family."""
+    adaptive optimizers (``is_adaptive``), ``"linear"`` for the SGD family."""
     rule = check_lr_scaling(lr_scaling)
     if rule == "auto":
         return "sqrt" if is_adaptive(optimizer) else "linear"

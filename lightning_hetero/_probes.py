@@ -2,7 +2,7 @@
 
 What a step costs besides forward, backward and the optimizer is injected by the caller:
 the mode's (e.g. a parameter-server push) and the emulation's (e.g.
-:class:`~lightning_hetero.emulate.Throttle`'s delay), so nothing here knows either.
+[`Throttle`][lightning_hetero.emulate.Throttle]'s delay), so nothing here knows either.
 """
 
 import time
@@ -52,7 +52,7 @@ class StepProbe:
         extra: called with the module after each timed step's backward (the mode's
             per-step work, e.g. a push's round trip).
         agree: where a step communicates (a sharded model), makes every rank skip a probe
-            size when one does (see :func:`~lightning_hetero.memory_probe.probe_memory`).
+            size when one does (see ``probe_memory``).
     """
 
     def __init__(

@@ -50,7 +50,7 @@ def _migrate(state: dict[str, Any]) -> dict[str, Any]:
 
 
 class HeteroCallback(Callback):
-    """The Lightning face of :class:`~lightning_hetero.replan.Replanner`.
+    """The Lightning face of ``Replanner``.
 
     It hands Lightning's training hooks to the strategy's re-planner (after every training
     batch the step timings are folded into an EWMA; at each boundary, an epoch end or every
@@ -70,7 +70,7 @@ class HeteroCallback(Callback):
     world size continues the saved plan and controller; with another world size the plan is
     made anew, in proportion to the saved throughputs of the ranks that come back on the
     same host and local rank (see
-    :func:`~lightning_hetero.planning.faults.weights_for_new_world`).
+    ``weights_for_new_world``).
 
     Every record's metrics also go into ``trainer.callback_metrics`` (on every rank, the
     boundaries not logged included), so Lightning's ``ModelCheckpoint(monitor=...)`` and
@@ -93,7 +93,7 @@ class HeteroCallback(Callback):
 
     The strategy attaches one automatically; pass your own instance in
     ``Trainer(callbacks=...)`` to change its options. It works with any strategy that has
-    a ``replanner`` (:class:`~lightning_hetero.HeteroStrategy`).
+    a ``replanner`` ([`HeteroStrategy`][lightning_hetero.HeteroStrategy]).
 
     Args:
         tensorboard_layout: add a TensorBoard custom-scalars layout that draws batch size,

@@ -1,11 +1,12 @@
 """What a run's parts share, made once when the strategy sets up its environment.
 
-The re-planner, the training mode and the probes get one :class:`RunContext` instead of the
+The re-planner, the training mode and the probes get one
+[`RunContext`][lightning_hetero.context.RunContext] instead of the
 strategy: this rank's place in the job, its device, one collectives object, the step timer,
 the plan state, the module and its optimizers, and where training is (epoch and global step). As
 torch.distributed's ``Join`` takes a process group and a device rather than the trainer,
 nothing here reaches back into Lightning, and a test builds a real context for one process
-with :meth:`RunContext.single`.
+with [`RunContext.single`][lightning_hetero.context.RunContext.single].
 """
 
 from collections.abc import Callable

@@ -4,7 +4,7 @@ In ``mode="local"`` ranks do not step in lockstep. Each epoch's permutation is c
 into mega-batches and every rank repeatedly *claims* its next batch from the current
 mega-batch until that one is used up, so a fast rank simply takes more batches. The
 claims go through atomic counters on a ``torch.distributed.Store`` (the process
-group's ``TCPStore``): :class:`SharedCursor` is the counter, :class:`MegaBatchSampler`
+group's ``TCPStore``): ``SharedCursor`` is the counter, ``MegaBatchSampler``
 the batch sampler built on it.
 """
 
@@ -27,7 +27,7 @@ DEFAULT_PREFIX = "lightning_hetero/cursor/"
 class SharedCursor:
     """Atomic claim counters on a ``torch.distributed.Store``.
 
-    Every counter starts at 0. :meth:`claim` advances one by the requested size in a
+    Every counter starts at 0. ``claim`` advances one by the requested size in a
     single ``store.add`` (atomic on the store's server), so any number of processes
     claiming from the same key receive disjoint ranges that together cover
     ``[0, limit)`` exactly once. Keys are namespaced with ``prefix`` so they cannot
@@ -69,7 +69,7 @@ class SharedCursor:
 
 
 class BatchTag(NamedTuple):
-    """What :class:`MegaBatchSampler` records for each batch it yields."""
+    """What ``MegaBatchSampler`` records for each batch it yields."""
 
     megabatch: int
     """Index of the mega-batch (within the epoch) the batch was claimed from."""
@@ -89,17 +89,17 @@ class MegaBatchSampler(Sampler[list[int]]):
     Counters are keyed by ``run_id``, epoch and mega-batch, so every rank with the
     same ``run_id`` shares them and each sample is used once per epoch across ranks.
 
-    For every yielded batch a :class:`BatchTag` is appended to :attr:`tags`; the
+    For every yielded batch a ``BatchTag`` is appended to ``tags``; the
     training loop pops one per trained batch, in order, to learn which mega-batch
     the batch came from (the loader may have claimed further batches ahead of
-    training, e.g. with ``num_workers > 0``). :attr:`claimed` and
-    :attr:`claimed_batches` count this epoch's claims.
+    training, e.g. with ``num_workers > 0``). ``claimed`` and
+    ``claimed_batches`` count this epoch's claims.
 
     A short last claim of a mega-batch is padded with the epoch's first samples up to
     ``min_batch_size`` (a BatchNorm layer cannot train on a batch of one).
 
     Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler``, hence the
-    permutation is kept as :attr:`sampler`. One pass per epoch is assumed: iterating
+    permutation is kept as ``sampler``. One pass per epoch is assumed: iterating
     the same epoch again finds its mega-batches already claimed and yields nothing.
     """
 

@@ -42,20 +42,21 @@ class Throttle(Callback):
     """Make rank ``k`` slower by ``sample_cost[k]`` seconds per sample of its batch.
 
     A batch's samples are those the plan gives the rank in that step under
-    :class:`~lightning_hetero.HeteroStrategy` (its ``b_k``), and what Lightning's
+    [`HeteroStrategy`][lightning_hetero.HeteroStrategy] (its ``b_k``), and what Lightning's
     ``extract_batch_size`` reads from the batch under any other strategy.
 
     The delay is added after the forward pass and before backward, so it counts as
     compute time (before the gradients are ready), exactly as a slower device would.
     Works with any strategy, which makes it the way to compare plain DDP with
-    :class:`~lightning_hetero.HeteroStrategy` on one machine.
+    [`HeteroStrategy`][lightning_hetero.HeteroStrategy] on one machine.
 
     The other costs of a real cluster can be added too: loading on the training thread
     (``load_cost``), a device that is no faster below some batch size (``floor``), fixed
     costs per step (``step_cost``) and noise. On a batch of ``b`` samples rank ``k`` sleeps
     ``load_cost[k] * b`` in ``on_train_batch_start`` (before the forward, where
     ``DataLoader(num_workers=0)`` loads) and ``max(floor[k], sample_cost[k] * b) +
-    step_cost[k]`` in ``on_before_backward``; see :meth:`delay_s`. A step that the hetero
+    step_cost[k]`` in ``on_before_backward``; see
+    [`delay_s`][lightning_hetero.emulate.Throttle.delay_s]. A step that the hetero
     strategy runs as micro-batches (``micro_batch_size``) has one backward per micro-batch,
     each charged its own samples, ``floor`` and ``step_cost``, as the batches of Lightning's
     gradient accumulation are under DDP.

@@ -1,6 +1,6 @@
 """The hetero half of a strategy, mixed into a Lightning parallel strategy.
 
-:class:`HeteroEngine` is everything ``HeteroStrategy`` (DDP) and ``HeteroFSDPStrategy``
+``HeteroEngine`` is everything ``HeteroStrategy`` (DDP) and ``HeteroFSDPStrategy``
 (FSDP2) share: the plan state, the re-planner, the training mode the Lightning hooks are
 handed to, the training loader of each rank and the weighted reduction of logged values.
 Each strategy adds its constructor and how it wraps the model.
@@ -65,7 +65,8 @@ class HeteroOptions:
 
     Each strategy lists them as keyword arguments of its constructor (so that LightningCLI and
     editors see them), with these defaults and types; a test holds both strategies to this
-    list. What each means is documented once, on :class:`~lightning_hetero.HeteroStrategy`.
+    list. What each means is documented once, on
+    [`HeteroStrategy`][lightning_hetero.HeteroStrategy].
     """
 
     controller: str | Controller | None = None
@@ -117,9 +118,9 @@ def hetero_parts(
 class HeteroEngine:
     """Per-rank batch sizes for a Lightning ``ParallelStrategy`` (mix in before it).
 
-    The strategy's constructor checks its options with :func:`hetero_parts` and, once the
-    Lightning strategy is built, calls :meth:`_start_hetero` with the shared
-    :class:`HeteroOptions`.
+    The strategy's constructor checks its options with ``hetero_parts`` and, once the
+    Lightning strategy is built, calls ``_start_hetero`` with the shared
+    ``HeteroOptions``.
     """
 
     #: The running training mode, which every lifecycle hook is handed to.
@@ -239,7 +240,8 @@ class HeteroEngine:
             )
 
     def _make_context(self) -> RunContext:
-        """This rank's run, once the process group is up (see :class:`RunContext`)."""
+        """This rank's run, once the process group is up (see
+        [`RunContext`][lightning_hetero.engine.RunContext])."""
         comm = self._bare_comm()
         device = comm.device
         environment = self.cluster_environment
@@ -453,8 +455,7 @@ class HeteroEngine:
         Progressive learning calls this when the image resolution changes (``scale``: the
         ratio of pixel counts). From the next epoch the global batch is ``global_batch_size``
         or the planned-for one divided by ``scale`` and capped by what fits, and the plan is
-        rescaled in proportion (see :meth:`PlanState.set_input_scale
-        <lightning_hetero.plan_state.PlanState.set_input_scale>`; with ``controller="dual"``
+        rescaled in proportion (see ``PlanState.set_input_scale``; with ``controller="dual"``
         ``B_S`` is planned again). Call it on every rank with the same arguments.
         """
         if self.plan_state.set_input_scale(scale, global_batch_size):
@@ -522,7 +523,7 @@ class HeteroEngine:
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Lightning's training step; with ``micro_batch_size``, that of the step's first
-        micro-batch (the others run after its backward, see :meth:`_rest_after`)."""
+        micro-batch (the others run after its backward, see ``_rest_after``)."""
         sizes = self._step_micro_sizes()
         if sizes is None:
             return super().training_step(*args, **kwargs)

@@ -57,7 +57,8 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     The other options (``controller``, ``batch_sizes``, ``global_batch_size``,
     ``min_batch_size``, ``max_batch_size``, ``memory_safety``, ``probe_batch_sizes``,
     ``deadband``, ``revert_slower``, ``smoothing``, ``adjust_every``, ``shuffle``) mean what
-    they mean for :class:`~lightning_hetero.HeteroStrategy`. ``micro_batch_size`` is refused
+    they mean for [`HeteroStrategy`][lightning_hetero.HeteroStrategy]. ``micro_batch_size`` is
+    refused
     here for now (its FSDP2 form is not built yet): bound each rank with ``max_batch_size``.
     """
 

@@ -1,6 +1,7 @@
 """Replica merging of ``mode="local"`` (paper 004, Algorithm 2): the torch half.
 
-The weights come from :func:`lightning_hetero.planning.merge_weights` (pure numbers);
+The weights come from
+[`lightning_hetero.planning.merge_weights`][lightning_hetero.planning.merge_weights] (pure numbers);
 this module applies them: a weighted all-reduce of every replica's parameters, then the
 merge momentum ``w' = sum_k alpha_k w_k + gamma * (w - w_prev)``.
 """

@@ -1,8 +1,8 @@
 """Measure the peak memory of a training step at a few batch sizes and bound the batch by it.
 
-:func:`probe_memory` runs a caller-given ``step(batch_size)`` at ascending sizes and
-records how much memory each took at its peak; :func:`auto_max_batch_size` fits
-:class:`~lightning_hetero.planning.memory.MemoryModel` to those numbers and returns
+``probe_memory`` runs a caller-given ``step(batch_size)`` at ascending sizes and
+records how much memory each took at its peak; ``auto_max_batch_size`` fits
+[`MemoryModel`][lightning_hetero.planning.memory.MemoryModel] to those numbers and returns
 the largest batch predicted to fit (paper 003, Eq. 9 and the procedure after it).
 
 What "memory" means here, per device:
@@ -24,9 +24,9 @@ What "memory" means here, per device:
   is the host's available memory (``psutil.virtual_memory().available``), capped by
   the headroom of the process's memory cgroup when it has a limit (a container):
   the memory the process can still gain without swapping or being killed. Ranks that
-  share a host share this budget; divide it among them (:func:`budget_sharers`).
+  share a host share this budget; divide it among them (``budget_sharers``).
 
-Probing must not change training. Wrap it in :func:`preserved_state`, which puts the
+Probing must not change training. Wrap it in ``preserved_state``, which puts the
 parameters, buffers, gradients, optimizer state and random number generators back.
 Run the step on the bare module, not on a ``DistributedDataParallel`` wrapper: ranks
 stop probing at different sizes, and a collective in the step would then hang.
@@ -78,7 +78,7 @@ _OUT_OF_MEMORY_MARKERS = (
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What :func:`probe_memory` measured on one device.
+    """What ``probe_memory`` measured on one device.
 
     Args:
         device: the device the steps ran on.
@@ -188,12 +188,12 @@ def probe_memory(
     ``step`` does the work of one training step at batch size ``b`` on ``device``:
     typically a real batch of ``b`` samples through forward, backward and the optimizer
     step. It must keep no references to its tensors once it returns. Wrap probing in
-    :func:`preserved_state` so that it leaves the model and optimizer as they were.
+    ``preserved_state`` so that it leaves the model and optimizer as they were.
 
     Each peak is counted from the memory in use when probing began, so what the first
     step creates and keeps (gradients, optimizer moments) is part of every measurement,
     as it is part of training. Sizes run in ascending order, so the first one that runs
-    out of memory (:func:`is_out_of_memory`) ends probing: the error is recorded, the
+    out of memory (``is_out_of_memory``) ends probing: the error is recorded, the
     memory freed (and the CUDA cache emptied), and the larger sizes skipped. Once two
     sizes have run, a size whose predicted memory exceeds the budget is skipped too, so
     the probe does not provoke the failure (on Linux an exhausted host tends to end the
@@ -260,7 +260,7 @@ def auto_max_batch_size(
     measurements, and stays below a size that ran out of memory during the probe.
 
     Args:
-        step: runs one training step at the given batch size (see :func:`probe_memory`).
+        step: runs one training step at the given batch size (see ``probe_memory``).
         sizes: batch sizes to probe, e.g. ``probe_sizes(global_batch)``.
         device: the device ``step`` runs on.
         safety: fraction of the budget to plan for, in ``(0, 1]``.
@@ -268,7 +268,7 @@ def auto_max_batch_size(
             with the batch (``None`` then means "no bound").
         share: how many processes split the budget (ranks on one host for host memory,
             ranks on one GPU); each plans for ``budget / share``.
-        agree: see :func:`probe_memory`.
+        agree: see ``probe_memory``.
 
     Returns:
         ``(max_batch_size, model, result)``: the bound (or ``cap``, see above), the fitted

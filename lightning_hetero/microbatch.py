@@ -3,8 +3,8 @@
 With ``micro_batch_size``, rank ``k`` runs its ``b_k`` samples of a step as
 ``ceil(b_k / m_k)`` micro-batches of at most ``m_k`` samples (sizes differing by at most
 one), inside one Lightning training step. Each micro-batch's loss is weighted by its samples
-``/ B`` (times ``K``, as every rank's loss: see :meth:`Mode.scale_loss
-<lightning_hetero.modes.base.Mode.scale_loss>`), gradients accumulate locally, and only the
+``/ B`` (times ``K``, as every rank's loss: see ``Mode.scale_loss``), gradients accumulate locally,
+and only the
 last micro-batch's backward communicates, so every rank issues the same collectives once per
 optimizer step whatever its number of micro-batches. Torch mechanisms only: no controller.
 """

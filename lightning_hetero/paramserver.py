@@ -90,7 +90,7 @@ class ParameterServer:
         lr_scaling: how each update's learning rate follows the pushing rank's batch share
             ``b_k / B``: ``"auto"`` (``"sqrt"`` for adaptive optimizers, else ``"linear"``),
             ``"linear"`` (``True``), ``"sqrt"``, or ``"none"`` (``False``: every push with the
-            full learning rate, for ablations); see :func:`~lightning_hetero._optim.lr_rule`.
+            full learning rate, for ablations); see ``lr_rule``.
 
     Pushes are serialized by a lock: an update is applied whole or not at all, and a
     push that arrives while another is applied waits for it.
@@ -141,7 +141,7 @@ class ParameterServer:
         update's learning rate (dual batch size learning's model-update factor).
         The learning rate is ``lr * update_factor * lr_factor(rule, batch_size /
         global_batch_size)`` with the optimizer's rule
-        (:func:`~lightning_hetero._optim.lr_factor`).
+        (``lr_factor``).
         """
         slot = self._slot(index)
         if len(grads) != len(slot.params):
@@ -315,7 +315,7 @@ class ServerClient:
     @staticmethod
     def init_rpc(rank: int, world_size: int, host: str, timeout: float, main_port: int) -> None:
         """Join the RPC group, whose rendezvous rank 0 serves at ``host`` (the job's main
-        address) on :func:`rpc_port` of ``main_port``, as rank 0 reads it (broadcast over the
+        address) on ``rpc_port`` of ``main_port``, as rank 0 reads it (broadcast over the
         process group, so only rank 0's ``HETERO_RPC_PORT`` counts)."""
         port = [rpc_port(main_port) if rank == 0 else None]
         dist.broadcast_object_list(port, src=0)
@@ -365,11 +365,11 @@ class ServerClient:
             ) from err
 
     def push(self, *args: Any) -> PushResult:
-        """:meth:`ParameterServer.push` on the server."""
+        """``ParameterServer.push`` on the server."""
         return self._call("push", _remote_push, self.rank, *args)
 
     def pull(self, index: int) -> PushResult:
-        """:meth:`ParameterServer.pull` on the server."""
+        """``ParameterServer.pull`` on the server."""
         return self._call("pull", _remote_pull, index)
 
     def echo(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,6 +1,6 @@
 """The plan and everything it is made from, in one pure object (numbers in, plan out).
 
-:class:`PlanState` keeps the user's options (the initial plan, the global batch, the bounds)
+``PlanState`` keeps the user's options (the initial plan, the global batch, the bounds)
 apart from what a run learns (the plan in force, the limits, measured capacities and memory
 bounds, a plan restored from a checkpoint, the input scale). The strategy asks it for the
 first plan when the training data is loaded, and hands it every later plan.

@@ -1,16 +1,18 @@
 """Pictures of a HeteroStrategy run and of the benchmark (matplotlib, the ``plot`` extra).
 
-:func:`plot_history` draws a run's re-planning history: each rank's batch size over the
+[`plot_history`][lightning_hetero.plots.plot_history] draws a run's re-planning history: each rank's
+batch size over the
 boundaries, each rank's compute and wait time per step at the first and the last boundary,
 and the balance efficiency against its 0.95 target (optionally against a DDP run).
-:func:`plot_speedup` draws the benchmark's epoch-time speedups against the ideal. From a
-shell, a CSVLogger log of a run becomes a PNG::
+[`plot_speedup`][lightning_hetero.plots.plot_speedup] draws the benchmark's epoch-time speedups
+against the ideal. From a
+shell, a CSVLogger log of a run becomes a PNG:
 
     python -m lightning_hetero.plots lightning_logs/version_0/metrics.csv -o run.png
 
 matplotlib is imported when a function draws, not with this module; without it they raise
-:class:`ModuleNotFoundError` saying ``pip install 'lightning_hetero[plot]'``. Figures are
-:class:`matplotlib.figure.Figure` objects on the Agg canvas: no display, no ``pyplot``
+``ModuleNotFoundError`` saying ``pip install 'lightning_hetero[plot]'``. Figures are
+``matplotlib.figure.Figure`` objects on the Agg canvas: no display, no ``pyplot``
 state.
 """
 
@@ -74,7 +76,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     holds it (Lightning's default logger; reading it needs the ``tensorboard`` package).
 
     Each row with a ``hetero/batch_size/rank{k}`` value (logged by
-    :class:`~lightning_hetero.HeteroCallback` at a boundary) becomes one entry with
+    [`HeteroCallback`][lightning_hetero.HeteroCallback] at a boundary) becomes one entry with
     ``step`` (the logger's: Lightning's logging step, one below the history's
     ``trainer.global_step`` after a training batch), ``batch_sizes``, ``compute_times``,
     ``wait_times``, ``balance``,
@@ -167,7 +169,8 @@ def _entries(
 
 
 def _history_of(history: Any) -> tuple[list[dict[str, Any]], str]:
-    """The history entries and where they came from, from any input of :func:`plot_history`."""
+    """The history entries and where they came from, from any input of
+    [`plot_history`][lightning_hetero.plots.plot_history]."""
     if isinstance(history, (str, Path)):
         return read_metrics(history), Path(history).name
     if hasattr(history, "history") and not isinstance(history, Sequence):
@@ -215,8 +218,9 @@ def plot_history(
 
     Args:
         history: ``strategy.history`` (a list of boundary dicts), a
-            :class:`~lightning_hetero.HeteroStrategy` (its ``history``), or the path of a
-            Lightning ``CSVLogger`` ``metrics.csv`` of such a run (see :func:`read_metrics`).
+            [`HeteroStrategy`][lightning_hetero.HeteroStrategy] (its ``history``), or the path of a
+            Lightning ``CSVLogger`` ``metrics.csv`` of such a run (see
+            [`read_metrics`][lightning_hetero.plots.read_metrics]).
         path: where to write the PNG (its folder must exist).
         baseline: a uniform run to compare with, e.g. ``{"label": "DDP", "compute_times":
             [...], "wait_times": [...], "epoch_s": 1.9}``: per-rank seconds per step join
@@ -714,7 +718,8 @@ def plot_speedup(rows: Sequence[Mapping[str, Any]], path: str | Path | None = No
 
 # ---------------------------------------------------------------- the command
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m lightning_hetero.plots metrics.csv [-o out.png]``: draw :func:`plot_history`."""
+    """``python -m lightning_hetero.plots metrics.csv [-o out.png]``: draw
+    [`plot_history`][lightning_hetero.plots.plot_history]."""
     parser = argparse.ArgumentParser(
         prog="python -m lightning_hetero.plots",
         description="Draw a HeteroStrategy run's re-planning history from its logs as a PNG:"

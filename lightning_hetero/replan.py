@@ -1,9 +1,9 @@
 """The re-planner: measure each rank, decide one plan, apply it everywhere, keep the history.
 
-One :class:`Replanner` belongs to each strategy. It folds every training step's timings into
-robust per-rank statistics (:class:`~lightning_hetero.planning.TimingSmoother`); at a
+One ``Replanner`` belongs to each strategy. It folds every training step's timings into
+robust per-rank statistics ([`TimingSmoother`][lightning_hetero.planning.TimingSmoother]); at a
 boundary (an epoch end, every ``adjust_every`` batches, or when a mode calls its
-``replan``, e.g. at each local-SGD merge) it all-gathers one :class:`RankReport` per
+``replan``, e.g. at each local-SGD merge) it all-gathers one ``RankReport`` per
 rank, runs the controller on rank 0, broadcasts the plan, applies it through the mode and
 records a history entry. No Lightning here: the callback feeds it Lightning's hooks and
 logs what it records.
@@ -69,11 +69,11 @@ class RankReport:
     steps: int
     #: Batches its loader has drawn this epoch (a plan may change only after them).
     drawn: int
-    #: Side readings, see :class:`~lightning_hetero.planning.RankStats`.
+    #: Side readings, see [`RankStats`][lightning_hetero.planning.RankStats].
     memory_used: float
     cpu_available: float
     memory_available: float
-    #: :func:`plan_checksum` of the plan in force on this rank (ranks must agree).
+    #: ``plan_checksum`` of the plan in force on this rank (ranks must agree).
     plan_check: int = 0
     #: Standard error of ``compute_s`` (its noise), seconds.
     compute_se: float = math.nan
@@ -105,15 +105,16 @@ class Replanner:
     """Boundaries: gather reports, decide (every rank, or rank 0 and broadcast), apply, record.
 
     The strategy builds it with its training mode and binds it to the run's
-    :class:`~lightning_hetero.context.RunContext` at set-up (:meth:`bind`); the re-planner
-    then applies each plan itself (:meth:`apply_plan`) and calls the mode's hooks, never the
+    [`RunContext`][lightning_hetero.context.RunContext] at set-up (``bind``); the re-planner
+    then applies each plan itself (``apply_plan``) and calls the mode's hooks, never the
     strategy.
 
     Args:
         training_mode: the training mode; its ``controller`` decides the next plan from the
             reports.
         smoothing: the strategy's ``smoothing`` option (no effect: timings are medians of
-            every step since the last change, see :class:`TimingSmoother`).
+            every step since the last change, see
+            [`TimingSmoother`][lightning_hetero.replan.TimingSmoother]).
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         guard: checks each plan change against the measured step time and reverts one that
             made steps slower (lock-step modes; ``None``: changes are kept unchecked).
@@ -131,7 +132,7 @@ class Replanner:
         self.smoothing = smoothing
         self.adjust_every = adjust_every
         self.guard = guard
-        #: One entry per boundary (see ``docs/logging.md`` for its keys).
+        #: One entry per boundary (see [Logging and plots](../logging.md) for its keys).
         self.history: list[dict[str, Any]] = []
         #: Called with each new history entry (the callback logs it).
         self.on_record: Callable[[dict[str, Any]], None] | None = None
@@ -164,7 +165,7 @@ class Replanner:
 
     def bind(self, context: RunContext) -> None:
         """Work in ``context`` (a run's set-up), and let the mode re-plan through
-        :meth:`merge_boundary`."""
+        ``merge_boundary``."""
         self.context = context
         self.training_mode.bind(context, self.merge_boundary)
 
@@ -205,7 +206,7 @@ class Replanner:
     def batch_finished(self, epoch: int, global_step: int) -> None:
         """A training batch ended: a boundary every ``adjust_every`` batches.
 
-        Timings are folded in at boundaries (:meth:`report`) and every
+        Timings are folded in at boundaries (``report``) and every
         ``_COLLECT_EVERY`` batches, which keeps the timer's pending steps few without
         per-step work."""
         self.batches += 1
@@ -435,7 +436,7 @@ class Replanner:
     def _decide(self, plan: list[int], compute_s: list[float], stats: list[RankStats]) -> list[int]:
         """Run the controller (on every rank if it is ``replicable``, else on rank 0); its
         warnings are re-emitted once, and a failure becomes the all-zero plan, so that
-        every rank raises (:meth:`_checked`) instead of waiting."""
+        every rank raises (``_checked``) instead of waiting."""
         limits = self.ctx.plan_state.limits
         assert limits is not None
         with warnings.catch_warnings(record=True) as caught:
@@ -463,7 +464,7 @@ class Replanner:
         return plan
 
     def _check_same_plan(self, checks: Sequence[int]) -> None:
-        """Stop every rank if they hold different plans (their :func:`plan_checksum`
+        """Stop every rank if they hold different plans (their ``plan_checksum``
         differ: a controller marked ``replicable`` that decided differently on some rank)."""
         if len(set(checks)) > 1:
             raise RuntimeError(
@@ -537,7 +538,7 @@ class Replanner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (of :meth:`state_dict`; call after :meth:`start`).
+        """Continue from ``state`` (of ``state_dict``; call after ``start``).
 
         The same world size continues the saved plan and controller; another world size makes
         the plan anew in proportion to the saved throughputs of the ranks that come back on

@@ -81,12 +81,12 @@ def gpu_flops(device: torch.device) -> float:
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Reset the peak-memory counter that :class:`ResourceMeter` and the memory probe read.
+    """Reset the peak-memory counter that ``ResourceMeter`` and the memory probe read.
 
     On a CUDA device: the caching allocator's peak statistics
     (``torch.cuda.reset_peak_memory_stats``), so that the next
     ``max_memory_reserved``/``max_memory_allocated`` count from now. On any other device
-    nothing: :class:`ResourceMeter` reads no peak there (it reads the host's memory in use
+    nothing: ``ResourceMeter`` reads no peak there (it reads the host's memory in use
     now), and the memory probe's host path resets the kernel's peak-RSS mark itself
     before each step it measures.
     """
@@ -95,7 +95,7 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def flops_or_nan(device: torch.device) -> float:
-    """:func:`gpu_flops` of ``device``, or NaN where it is not a CUDA device or NVML fails.
+    """``gpu_flops`` of ``device``, or NaN where it is not a CUDA device or NVML fails.
 
     The caller falls back to cores for *all* ranks when any rank has no FLOPs figure:
     mixing FLOPs and cores in one split would be meaningless.
@@ -129,9 +129,9 @@ def gather_capacities(kind: str, device: torch.device, comm: Collectives) -> lis
 
 
 class ResourceMeter:
-    """One rank's side readings at a boundary (:class:`~lightning_hetero.planning.RankStats`).
+    """One rank's side readings at a boundary ([`RankStats`][lightning_hetero.planning.RankStats]).
 
-    :meth:`read` returns ``(memory_used, cpu_available, memory_available)``:
+    ``read`` returns ``(memory_used, cpu_available, memory_available)``:
 
     * ``memory_used``: on CUDA, the device's memory in use at this process's peak since the
       previous reading (other processes' use now, plus this process's peak reserved

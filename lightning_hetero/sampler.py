@@ -14,7 +14,7 @@ __all__ = ["ChunkedPermutation", "EpochPermutation", "GlobalBatchSampler", "Part
 class EpochPermutation(Sampler[int]):
     """One permutation of ``range(num_samples)`` per epoch, identical on every rank.
 
-    Lightning calls :meth:`set_epoch` on ``loader.batch_sampler.sampler`` at every epoch
+    Lightning calls ``set_epoch`` on ``loader.batch_sampler.sampler`` at every epoch
     start, which is how the slicing sampler learns the epoch.
     """
 
@@ -118,16 +118,16 @@ class GlobalBatchSampler(Sampler[list[int]]):
     therefore has the same number of steps, each sample is used once per epoch, and
     the split can change at any step boundary without reshuffling.
 
-    Plan changes are scheduled with :meth:`set_plan` from a given step on. The
+    Plan changes are scheduled with ``set_plan`` from a given step on. The
     caller must pick a step no rank has drawn yet (DataLoader workers prefetch);
-    :attr:`cursor` is the number of batches drawn in the current epoch.
+    ``cursor`` is the number of batches drawn in the current epoch.
 
     ``drop_last`` decides what happens to the ``r = N mod B`` samples that do not fill a
     global batch: ``True`` drops them (a different set each shuffled epoch); ``False``
     keeps them all in one last, smaller step, split in proportion to the plan with every
     rank given at least its ``min_batch_sizes`` entry. When ``r`` is below the sum of
     those minimums, the step is padded with the epoch's first samples, as
-    :class:`~torch.utils.data.DistributedSampler` pads under DDP, and every rank gets
+    ``DistributedSampler`` pads under DDP, and every rank gets
     exactly its minimum: no rank ever trains on fewer samples than its minimum (a
     BatchNorm layer cannot train on a batch of one).
 
@@ -219,7 +219,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
         """Where this epoch stands: its epoch, plans and the next ``step`` to train (default
-        :attr:`cursor`, the next step to draw)."""
+        ``cursor``, the next step to draw)."""
         return {
             "epoch": getattr(self.sampler, "epoch", 0),
             "step": self.cursor if step is None else int(step),

@@ -3,16 +3,18 @@
 LitData's ``StreamingDataset``, MosaicML's ``StreamingDataset`` and WebDataset's ``wids``
 split the data between ranks themselves, in equal shares. All three also read a sample by
 its index, and that is all the strategy's sampler needs: wrap the dataset in
-:class:`StreamingView` and every rank reads exactly its ``b_k`` samples of each global
+[`StreamingView`][lightning_hetero.streaming.StreamingView] and every rank reads exactly its ``b_k``
+samples of each global
 batch, the plan may change at any step, and every sample is read once per epoch.
-Shuffling is chunk-aware (:class:`~lightning_hetero.sampler.ChunkedPermutation`): the
+Shuffling is chunk-aware (``ChunkedPermutation``): the
 chunks are shuffled, and samples are shuffled only within a window of chunks, so each rank
 reads a chunk in one stretch of the epoch instead of over and over.
 
-A stream with no random access can opt in to :class:`StreamSlice`: every rank reads the
+A stream with no random access can opt in to
+[`StreamSlice`][lightning_hetero.streaming.StreamSlice]: every rank reads the
 whole stream and keeps its share, which costs every rank the reading of all of it.
 
-Both views are plain map-style datasets (no Lightning here); use them as::
+Both views are plain map-style datasets (no Lightning here); use them as:
 
     loader = DataLoader(StreamingView(litdata.StreamingDataset("s3://...")), batch_size=32)
     trainer = Trainer(strategy=HeteroStrategy(), ...)
@@ -108,7 +110,7 @@ def _reader_of(dataset: object) -> Callable[[int], Any]:
 class ChunkedDataset(Dataset):
     """A map-style dataset stored in chunks: it tells the strategy how to order an epoch.
 
-    The strategy asks :meth:`epoch_order` for the epoch's permutation in place of a
+    The strategy asks ``epoch_order`` for the epoch's permutation in place of a
     sample-level shuffle. ``window``: chunks whose samples are shuffled together;
     ``group_by_chunk``: order each global batch by chunk, so that a rank's slice reads
     fewer chunks (its samples then come from fewer chunks at each step).

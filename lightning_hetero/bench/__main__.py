@@ -13,7 +13,7 @@
 
 Every repeat runs both strategies back to back (alternating which goes first) on the
 same emulated cluster: 4 gloo ranks on this machine, each slowed by
-:class:`~lightning_hetero.emulate.Throttle` in proportion to the CPU cores of
+[`Throttle`][lightning_hetero.emulate.Throttle] in proportion to the CPU cores of
 OmniLearn's Table I. Ratios are taken within a repeat; the report gives their
 minimum, median and maximum over repeats.
 """
@@ -99,8 +99,8 @@ CLUSTERS = {
 
 
 def cluster_costs(cluster: str, cores: tuple[int, ...], base_cost: float, batch_size: int) -> dict:
-    """The :class:`~lightning_hetero.bench.run.RunConfig` cost fields of ``cluster`` (see
-    :data:`CLUSTERS`) for ranks with ``cores`` and a uniform ``batch_size`` per rank."""
+    """The ``RunConfig`` cost fields of ``cluster`` (see
+    ``CLUSTERS``) for ranks with ``cores`` and a uniform ``batch_size`` per rank."""
     device = [base_cost / c for c in cores]
     costs: dict[str, Any] = {"sample_cost": device}
     if cluster == "devices":
@@ -152,13 +152,13 @@ def measure(
 ) -> dict[str, Any]:
     """Run every level ``repeats`` times with both strategies; returns the raw run summaries.
 
-    ``cluster``: what the emulated ranks' steps cost (:data:`CLUSTERS`); each pair keeps its
+    ``cluster``: what the emulated ranks' steps cost (``CLUSTERS``); each pair keeps its
     cost fields under ``"costs"``.
 
     ``sharded``: FSDP2 (``ModelParallelStrategy`` against ``HeteroFSDPStrategy``) instead of
     DDP.
 
-    ``hetero_options`` are extra :class:`~lightning_hetero.bench.run.RunConfig` fields for
+    ``hetero_options`` are extra ``RunConfig`` fields for
     the HeteroStrategy runs, e.g. ``{"adjust_every": 1}``.
     """
     raw: dict[str, list[dict[str, Any]]] = {}
@@ -261,7 +261,7 @@ DEFAULT_CHART = Path("bench_logs", "speedup.png")
 
 
 def speedup_rows(raw: dict[str, Any], skip: int, controller: str) -> list[dict[str, Any]]:
-    """The rows of :func:`~lightning_hetero.plots.plot_speedup`: each level's speedups over
+    """The rows of [`plot_speedup`][lightning_hetero.plots.plot_speedup]: each level's speedups over
     repeats and its ideal."""
     rows = []
     for level, pairs in raw.items():

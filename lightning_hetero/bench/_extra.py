@@ -1,7 +1,7 @@
 """The ``bench`` extra: what the benchmark commands need beyond the library.
 
 ``python -m lightning_hetero.bench`` and ``python -m lightning_hetero.bench.mps`` call
-:func:`exit_without_extra` before they import anything from the extra, so that a core
+``exit_without_extra`` before they import anything from the extra, so that a core
 install answers with what to install instead of a traceback. Standard library only.
 """
 
@@ -16,7 +16,7 @@ INSTALL = "pip install 'lightning_hetero[bench]'"
 
 
 def missing() -> list[str]:
-    """The distributions of :data:`REQUIRED` whose module cannot be found."""
+    """The distributions of ``REQUIRED`` whose module cannot be found."""
     return [dist for dist, module in REQUIRED.items() if importlib.util.find_spec(module) is None]
 
 

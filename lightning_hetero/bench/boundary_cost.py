@@ -6,7 +6,7 @@ A boundary is one all-gather of each rank's report (a row of a few floats), then
 every rank, reading the rows, the controller's decision, applying the plan and recording
 the history entry. The all-gather is timed for real on gloo with K processes on this
 machine (small K only: the processes share its cores); the rest is timed for large K with
-the real :class:`~lightning_hetero.replan.Replanner` around a stand-in for the collective,
+the real ``Replanner`` around a stand-in for the collective,
 fed rows of OmniLearn's HL2 mix of speeds.
 """
 

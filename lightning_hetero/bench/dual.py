@@ -1,7 +1,7 @@
 """Dual batch size benchmark (paper 003): uniform large batch vs dual batch vs hybrid.
 
 Four workers on the parameter server train the digits CNN on images upsampled to 32x32,
-with the same stage learning rates in every configuration (:func:`stages`):
+with the same stage learning rates in every configuration (``stages``):
 
 - ``uniform-large``: every worker uses the large batch ``B_L`` on ``d / n`` samples
   (``DualBatchController(small_workers=0)``, the paper's baseline);
@@ -9,7 +9,7 @@ with the same stage learning rates in every configuration (:func:`stages`):
 - ``hybrid``: dual batch size learning plus cyclic progressive learning: every stage
   trains first at 24x24 (less dropout, larger batches) and then at 32x32.
 
-Runs and the report reuse the mode benchmark (:mod:`lightning_hetero.bench.modes`).
+Runs and the report reuse the mode benchmark (``lightning_hetero.bench.modes``).
 """
 
 from typing import Any
@@ -25,7 +25,7 @@ def stages(
 ) -> list[dict[str, Any]]:
     """The stage schedule as ``ProgressiveSchedule`` stage dicts for ``epochs`` epochs.
 
-    The epochs are split among :data:`STAGES` in proportion to their shares (each stage
+    The epochs are split among ``STAGES`` in proportion to their shares (each stage
     gets at least one sub-stage epoch per resolution, the first stage takes the rest) and
     each stage cycles through ``resolutions`` (with ``dropouts``) in equal parts.
 

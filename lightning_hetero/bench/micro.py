@@ -12,7 +12,7 @@ to hold 4 samples at once, a fixed cost of 1 unit per micro-batch (``Throttle``'
 Ideal ratio ``52 / 30 = 1.73`` (emulated costs only). The unit is 1 ms as the issue states
 it; on a loaded machine the real compute and the CPU contention of a micro-batch (a few ms)
 swamp that, so ``--unit`` scales every emulated cost. Both run back to back in each
-repeat::
+repeat:
 
     python -m lightning_hetero.bench.micro --repeats 3 --unit 0.005
 """

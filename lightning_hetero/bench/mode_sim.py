@@ -2,11 +2,11 @@
 
 ``K`` emulated ranks of equal speed take turns: each computes its gradient on the parameters
 it last received, so every push is ``K - 1`` server versions stale, as with equal ranks in
-async mode. The server is the real :class:`~lightning_hetero.paramserver.ParameterServer`;
+async mode. The server is the real ``ParameterServer``;
 local SGD steps ``K`` replicas with the real learning-rate rule and averages them every
 ``merge_every`` steps. The task is the benchmark's digit-reversing transformer (Adam,
 warm-up and cosine over the data seen). Much cheaper than ``python -m
-lightning_hetero.bench.modes`` (one process, one thread), for the rules' effect alone::
+lightning_hetero.bench.modes`` (one process, one thread), for the rules' effect alone:
 
     python -m lightning_hetero.bench.mode_sim --workers 2 4 --seeds 0 1 --lr-factors 1 2
 """

@@ -1,8 +1,8 @@
 """Mode benchmark: time-to-accuracy of uniform DDP and HeteroStrategy's modes (paper 002).
 
-Every repeat trains each configuration of :data:`CONFIGS` once on the same emulated
+Every repeat trains each configuration of ``CONFIGS`` once on the same emulated
 cluster, back to back, validating after every epoch; the order changes from one repeat to
-the next (:func:`run_order`). Speedups against ``ddp`` are taken within a repeat; the
+the next (``run_order``). Speedups against ``ddp`` are taken within a repeat; the
 report gives minimum, median and maximum over repeats.
 """
 
@@ -256,7 +256,7 @@ def measure_convergence(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Train ``task`` with each of ``configs`` on ``workers`` CPU ranks for every speed
-    setting and seed (the configurations of one seed back to back, in :func:`run_order`);
+    setting and seed (the configurations of one seed back to back, in ``run_order``);
     returns ``{"task": ..., "runs": {speed: [{config: summary}, ...]}}``
     with one dict per seed (rank 0's summaries, with ``accuracy_curve``).
 

@@ -6,7 +6,7 @@ NVIDIA's Multi-Process Service runs the ranks' kernels side by side on one GPU; 
 ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` caps the share of the streaming multiprocessors its
 kernels may use, so ranks with shares 100/50/25/25 behave like GPUs of different sizes.
 Every repeat trains the digits CNN (upsampled, widened so the GPU has work) with uniform
-DDP and with :class:`~lightning_hetero.HeteroStrategy`, back to back, alternating which
+DDP and with [`HeteroStrategy`][lightning_hetero.HeteroStrategy], back to back, alternating which
 goes first; all ranks sit on ``cuda:0`` and talk over gloo (NCCL refuses two ranks on one
 GPU). Needs a CUDA GPU and ``nvidia-cuda-mps-control`` (run as the GPU's owner or root);
 the MPS daemon is started for the run and stopped after it.

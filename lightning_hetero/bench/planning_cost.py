@@ -4,7 +4,7 @@
     python -m lightning_hetero.bench.planning_cost --sizes 1024 4096 --repeats 50
     python -m lightning_hetero.bench.planning_cost --controllers proportional lbbsp:predictor=last
 
-Every controller of :data:`~lightning_hetero.planning.registry.CONTROLLERS` decides, for
+Every controller of ``CONTROLLERS`` decides, for
 ``K`` ranks, on realistic inputs: ranks cycle through the speeds of OmniLearn's
 heterogeneity levels (HL8, HL4, HL2, HL1: 16 ranks per cycle), every rank runs the
 uniform plan (64 samples), which needs changing, their compute times carry 2% noise, the

@@ -1,6 +1,6 @@
 """One training run of the digits workload on emulated workers, as its own process group.
 
-Used by the benchmark, the demo and the end-to-end tests::
+Used by the benchmark, the demo and the end-to-end tests:
 
     python -m lightning_hetero.bench.run '{"strategy": "hetero", "workers": 4, ...}'
 
@@ -179,7 +179,7 @@ class StepTimes(Callback):
     """Each rank's mean compute and wait time per step, per epoch, under plain DDP.
 
     The same meter as HeteroStrategy's ``history`` (``compute_times``, ``wait_times``):
-    a :class:`~lightning_hetero._comm.HostStepTimer` whose wait runs from the moment the
+    a ``HostStepTimer`` whose wait runs from the moment the
     local gradients are all accumulated (post-accumulate-grad hooks) to the end of the
     backward, all-reduce included. After fit, every rank's ``compute_times`` and
     ``wait_times`` hold one list per epoch with one value per rank.

@@ -4,9 +4,9 @@
     python -m lightning_hetero.bench --simulate --controllers proportional lbbsp:predictor=narx
 
 Every controller runs through every scenario of
-:data:`~lightning_hetero.planning.scenarios.SCENARIOS` for several noise seeds; the
+``SCENARIOS`` for several noise seeds; the
 table gives, per scenario and controller, the figures of
-:class:`~lightning_hetero.planning.scenarios.ScenarioReport` as min / median / max
+[`ScenarioReport`][lightning_hetero.planning.scenarios.ScenarioReport] as min / median / max
 over seeds, so a user can pick a controller for the kind of cluster they have.
 """
 

@@ -1,10 +1,12 @@
 """Ray Train: per-rank batch sizes for workers that Ray places and restarts.
 
 ``ray.train.lightning.prepare_trainer`` accepts Ray's own strategies only, so these are
-:class:`~lightning_hetero.HeteroStrategy` and :class:`~lightning_hetero.HeteroFSDPStrategy`
-made Ray strategies (the FSDP2 one through this module's :func:`prepare_trainer`: Ray has no
+[`HeteroStrategy`][lightning_hetero.HeteroStrategy] and
+[`HeteroFSDPStrategy`][lightning_hetero.HeteroFSDPStrategy]
+made Ray strategies (the FSDP2 one through this module's
+[`prepare_trainer`][lightning_hetero.integrations.ray.prepare_trainer]: Ray has no
 FSDP2 strategy): the plan, re-planning, weighted gradients, checkpoints and a resume on
-another worker count work as under torchrun. Inside ``TorchTrainer``'s training function::
+another worker count work as under torchrun. Inside ``TorchTrainer``'s training function:
 
     import lightning.pytorch as pl
     from ray.train.lightning import RayTrainReportCallback
@@ -21,7 +23,7 @@ another worker count work as under torchrun. Inside ``TorchTrainer``'s training 
 Needs the ``ray`` extra (``pip install 'lightning_hetero[ray]'``). Ray builds its Lightning
 integration on ``lightning.pytorch`` whenever ``lightning`` is installed, which this package
 requires, so there is no ``pytorch_lightning`` twin: a ``pytorch_lightning`` Trainer or
-LightningModule is refused with what to import instead. See ``docs/ray.md``.
+LightningModule is refused with what to import instead. See [Ray](../ray.md).
 """
 
 import os
@@ -154,7 +156,8 @@ class _OnRay:
 
 
 def _report_after_boundary(callbacks: list[pl.Callback]) -> None:
-    """Move the :class:`~lightning_hetero.HeteroCallback` before the first Ray report callback,
+    """Move the [`HeteroCallback`][lightning_hetero.HeteroCallback] before the first Ray report
+    callback,
     so that the checkpoint Ray reports at an epoch end holds that epoch's boundary (the plan,
     the controller and each rank's throughput, which a resume on another worker count needs)."""
     reports = [i for i, cb in enumerate(callbacks) if isinstance(cb, RayTrainReportCallback)]
@@ -164,7 +167,7 @@ def _report_after_boundary(callbacks: list[pl.Callback]) -> None:
 
 
 class RayHeteroStrategy(_OnRay, HeteroStrategy, RayDDPStrategy):
-    """:class:`~lightning_hetero.HeteroStrategy` for Ray Train (a ``RayDDPStrategy``).
+    """[`HeteroStrategy`][lightning_hetero.HeteroStrategy] for Ray Train (a ``RayDDPStrategy``).
 
     Every option and mode of ``HeteroStrategy`` (``"bsp"``, ``"async"``, ``"local"``) works as
     under torchrun. Ray Train creates the process group before Lightning starts, so the
@@ -189,13 +192,16 @@ class RayHeteroStrategy(_OnRay, HeteroStrategy, RayDDPStrategy):
 
 
 class RayHeteroFSDPStrategy(_OnRay, HeteroFSDPStrategy):
-    """:class:`~lightning_hetero.HeteroFSDPStrategy` (FSDP2) for Ray Train.
+    """[`HeteroFSDPStrategy`][lightning_hetero.HeteroFSDPStrategy] (FSDP2) for Ray Train.
 
     Ray's own ``prepare_trainer`` knows FSDP1's ``RayFSDPStrategy`` only (Ray has no FSDP2
-    strategy): prepare the Trainer with :func:`prepare_trainer` from this module, which makes
+    strategy): prepare the Trainer with
+    [`prepare_trainer`][lightning_hetero.integrations.ray.prepare_trainer] from this module, which
+    makes
     Ray's checks for it. The options are those of
     ``HeteroFSDPStrategy``; ``data_parallel_size="auto"`` shards over all Ray workers. The
-    backend and timeout belong to ``TorchConfig``, as for :class:`RayHeteroStrategy`.
+    backend and timeout belong to ``TorchConfig``, as for
+    [`RayHeteroStrategy`][lightning_hetero.integrations.ray.RayHeteroStrategy].
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -216,7 +222,8 @@ class RayHeteroFSDPStrategy(_OnRay, HeteroFSDPStrategy):
 
 def prepare_trainer(trainer: pl.Trainer) -> pl.Trainer:
     """``ray.train.lightning.prepare_trainer``, which also takes a
-    :class:`RayHeteroFSDPStrategy`, with an error that names the strategy to use when
+    [`RayHeteroFSDPStrategy`][lightning_hetero.integrations.ray.RayHeteroFSDPStrategy], with an
+    error that names the strategy to use when
     ``trainer`` runs a plain ``HeteroStrategy`` or ``HeteroFSDPStrategy``."""
     strategy = trainer.strategy
     if isinstance(strategy, HeteroStrategy | HeteroFSDPStrategy) and not isinstance(
@@ -255,7 +262,7 @@ def checkpoint_path(name: str = RayTrainReportCallback.CHECKPOINT_NAME) -> Itera
     for ``trainer.fit(..., ckpt_path=...)``; ``None`` when the run has none (a first start).
 
     A restart of the worker group, on the same or another number of workers, resumes from it:
-    the plan continues, or is made anew from the saved throughputs (see ``docs/ray.md``).
+    the plan continues, or is made anew from the saved throughputs (see [Ray](../ray.md)).
     The file stays while the context is open (a remote checkpoint is downloaded into a
     temporary folder).
     """

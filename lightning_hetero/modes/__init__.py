@@ -1,8 +1,8 @@
 """Training modes: one module each, one registry entry each.
 
-``HeteroStrategy(mode=...)`` builds its mode with :func:`build_mode` and hands every lifecycle
-hook to it (see :class:`~lightning_hetero.modes.base.Mode`). A new mode is a new module with a
-``Mode`` subclass and one entry in :data:`MODES`.
+``HeteroStrategy(mode=...)`` builds its mode with ``build_mode`` and hands every lifecycle
+hook to it (see ``Mode``). A new mode is a new module with a
+``Mode`` subclass and one entry in ``MODES``.
 """
 
 from lightning_hetero.modes.asynchronous import ParameterServerMode
@@ -55,7 +55,8 @@ def build_mode(
     ``controller``: a name (built with ``deadband``), an instance, or ``None`` for the mode's
     default. ``modes`` and ``variants``: an engine's own registries (default: ``MODES`` and
     ``VARIANTS``, DDP's). A controller listed in ``variants`` selects that variant of the mode
-    (the parameter server with a :class:`~lightning_hetero.planning.dual.DualBatchController`
+    (the parameter server with a
+    [`DualBatchController`][lightning_hetero.planning.dual.DualBatchController]
     runs dual batch sizes).
     """
     modes = MODES if modes is None else modes

@@ -5,8 +5,8 @@ SGD: how the model is wrapped, how each rank's batches are drawn, what an optimi
 does, and what happens at validation, epoch ends and teardown. The strategy builds one mode
 object from its ``mode=`` option and hands each of its lifecycle hooks to it; it never asks
 which mode it runs. A mode sees the run through its
-:class:`~lightning_hetero.context.RunContext` and reaches the re-planner only through the
-``replan`` callable it is given (both with :meth:`Mode.bind`), so this package imports
+[`RunContext`][lightning_hetero.context.RunContext] and reaches the re-planner only through the
+``replan`` callable it is given (both with ``Mode.bind``), so this package imports
 neither the strategy nor the re-planner.
 """
 
@@ -63,7 +63,7 @@ class Mode:
     """One training mode: the strategy's lifecycle hooks, each a no-op or DDP's default here.
 
     Subclasses set ``name`` (the ``mode=`` value), override the hooks they need and are
-    listed in :data:`lightning_hetero.modes.MODES`.
+    listed in ``lightning_hetero.modes.MODES``.
 
     Args:
         controller: the controller the re-planner runs.
@@ -90,7 +90,7 @@ class Mode:
     #: The plan is fixed on purpose (no rank is "held" at its minimum by the controller).
     fixed_plan: ClassVar[bool] = False
     #: Runs a rank's share of a step as micro-batches (``micro_batch_size``): the loss is
-    #: weighted by :attr:`share` and gradients accumulate until the step's last backward.
+    #: weighted by ``share`` and gradients accumulate until the step's last backward.
     micro_batches: ClassVar[bool] = False
 
     def __init__(self, controller: Controller, options: ModeOptions) -> None:
@@ -108,7 +108,7 @@ class Mode:
     @classmethod
     def check_options(cls, options: ModeOptions, controller: Controller) -> None:
         """Refuse options this mode cannot honour (at construction; values out of range are
-        refused by :class:`ModeOptions` itself)."""
+        refused by ``ModeOptions`` itself)."""
         if not options.weighted and not cls.steps_together:  # a gradient all-reduce ablation
             raise ValueError(
                 f"`weighted=False` is a BSP ablation; mode={cls.name!r} weights each rank by its"
@@ -205,7 +205,7 @@ class Mode:
         return sizes[self.ctx.rank], sum(sizes), sizes == sampler.plan_at(step)
 
     def on_train_batch_start(self, batch_idx: int) -> None:
-        """Close the previous step's timing; set :attr:`share`; time the step if planned."""
+        """Close the previous step's timing; set ``share``; time the step if planned."""
         timer = self.ctx.timer
         layout = self.step_layout(batch_idx)
         if layout is not None:
@@ -233,7 +233,7 @@ class Mode:
         return run(loss)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """``loss * K * b_k / B`` for this step's :attr:`share`: once the ranks' gradients are
+        """``loss * K * b_k / B`` for this step's ``share``: once the ranks' gradients are
         averaged (DDP's all-reduce, FSDP's reduce-scatter), rank ``k``'s weighs ``b_k / B``."""
         local, total = self.share
         factor = self.ctx.world_size * local / total
@@ -282,4 +282,4 @@ class Mode:
         """Training failed with ``exception`` (add what the mode knows to its message)."""
 
     def teardown(self) -> None:
-        """Release what :meth:`setup_environment` and :meth:`on_train_start` brought up."""
+        """Release what ``setup_environment`` and ``on_train_start`` brought up."""

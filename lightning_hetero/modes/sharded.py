@@ -29,11 +29,11 @@ class RootRedirect:
     Manual optimization runs backward and the optimizer *inside* the step:
 
     - backward comes before the root's post-forward hook has marked any output, so FSDP
-      would never reduce the root's gradients. :meth:`mark_output` routes such a loss
+      would never reduce the root's gradients. ``mark_output`` routes such a loss
       through the root once more, as the output of an empty forward, so backward runs the
       root's pre-backward hook and the final reduce-scatter as after any forward;
     - that backward leaves the root's parameters sharded, and an optimizer step changes
-      the shards. :meth:`regather` gathers them again after each, so the rest of the step
+      the shards. ``regather`` gathers them again after each, so the rest of the step
       (a second optimizer's forward, as in a GAN) sees the current parameters.
     """
 
@@ -118,7 +118,7 @@ class ShardedMode(Mode):
     ``sum_k (b_k / B) g_k``: the gradient of the mean loss over the step's ``B`` samples,
     whatever the split (gradient clipping and accumulation then see the exact gradient).
 
-    The step methods run inside the sharded root's forward (:class:`RootRedirect`), so a
+    The step methods run inside the sharded root's forward (``RootRedirect``), so a
     LightningModule may call its submodules directly.
 
     BatchNorm: FSDP shards parameters, not buffers, so each rank's running statistics follow
@@ -128,7 +128,7 @@ class ShardedMode(Mode):
 
     Timing: under FSDP every rank waits for the others inside forward and backward (each
     layer's all-gather, each reduce-scatter). The time this rank spends blocked in those
-    waits is measured (:class:`~lightning_hetero._fsdp.CollectiveWaitMeter`) and counted as
+    waits is measured (``CollectiveWaitMeter``) and counted as
     waiting, so a rank's compute time is its own however slow the others are.
     """
 

@@ -1,7 +1,7 @@
 """The planning layer: pure functions and objects, numbers in and plans out.
 
 Nothing here imports torch.distributed or Lightning, so every controller is
-tested in milliseconds against the :class:`ClusterSimulator`.
+tested in milliseconds against the [`ClusterSimulator`][lightning_hetero.planning.ClusterSimulator].
 """
 
 from lightning_hetero.planning.base import BatchLimits, Controller, RankStats

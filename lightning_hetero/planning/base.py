@@ -21,7 +21,7 @@ __all__ = [
     "noise_deadband",
 ]
 
-#: A dead-band: a relative gain in ``[0, 1)``, or ``"auto"`` (see :func:`noise_deadband`).
+#: A dead-band: a relative gain in ``[0, 1)``, or ``"auto"`` (see ``noise_deadband``).
 Deadband = float | Literal["auto"]
 #: The smallest dead-band ``"auto"`` picks: below it timer resolution and drift decide.
 AUTO_DEADBAND_FLOOR = 0.01
@@ -67,7 +67,8 @@ class BatchLimits:
         )
 
     def check(self) -> None:
-        """Raise :class:`PlanError` unless some plan satisfies these limits."""
+        """Raise [`PlanError`][lightning_hetero.planning.base.PlanError] unless some plan satisfies
+        these limits."""
         for rank, (lo, hi) in enumerate(zip(self.min_batch_size, self.max_batch_size)):
             if lo < 1:
                 raise PlanError(f"Rank {rank}: `min_batch_size` must be >= 1, got {lo}.")
@@ -98,7 +99,7 @@ class RankStats:
         updates: model updates the rank made since the last boundary, where ranks can
             differ in that (asynchronous and local-SGD modes); ``None`` in lock-step modes.
         compute_se: standard error of the rank's smoothed compute time, seconds (its timing
-            noise; see :attr:`~lightning_hetero.planning.TimingSmoother.compute_se`).
+            noise; see [`compute_se`][lightning_hetero.planning.TimingSmoother.compute_se]).
     """
 
     memory_used: float = nan
@@ -125,8 +126,8 @@ def noise_deadband(
 
     ``"auto"`` is twice the largest relative standard error of the ranks' smoothed compute
     times (a predicted gain smaller than that could be noise), at least
-    :data:`AUTO_DEADBAND_FLOOR`; with no rank reporting its noise,
-    :data:`AUTO_DEADBAND_FALLBACK`. Calm clusters so settle within a percent or two of
+    ``AUTO_DEADBAND_FLOOR``; with no rank reporting its noise,
+    ``AUTO_DEADBAND_FALLBACK``. Calm clusters so settle within a percent or two of
     balance, noisy ones move only for gains the noise cannot explain.
 
     Example:
@@ -155,7 +156,8 @@ def check_inputs(
 ) -> tuple[list[int], list[float], list[RankStats]]:
     """Validate what a controller's ``update`` received; returns them as lists.
 
-    Missing ``stats`` become one empty :class:`RankStats` per rank.
+    Missing ``stats`` become one empty [`RankStats`][lightning_hetero.planning.base.RankStats] per
+    rank.
 
     Raises:
         ValueError: lengths that differ from the world size, or a compute time that is not
@@ -177,7 +179,7 @@ class Controller(ABC):
     """Decides the next plan from the current one and each rank's smoothed compute time.
 
     Subclasses are pure: numbers in, plan out, with all state in attributes that
-    :meth:`state_dict` returns. Every rank runs the same controller on the same
+    ``state_dict`` returns. Every rank runs the same controller on the same
     gathered numbers and so reaches the same plan.
     """
 
@@ -189,7 +191,7 @@ class Controller(ABC):
     #: broadcasts. Leave it ``False`` unless that holds.
     replicable: bool = False
     #: Takes ``deadband="auto"`` (the dead-band follows the ranks' measured timing noise,
-    #: :func:`noise_deadband`).
+    #: ``noise_deadband``).
     auto_deadband: ClassVar[bool] = False
 
     @abstractmethod
@@ -206,7 +208,8 @@ class Controller(ABC):
             batch_sizes: the batch size each rank was timed at (the plan in force).
             compute_s: each rank's smoothed compute time per step at that batch size, seconds.
             limits: the global batch and the per-rank bounds the result must respect.
-            stats: one :class:`RankStats` per rank, or ``None`` when no side readings exist.
+            stats: one [`RankStats`][lightning_hetero.planning.base.RankStats] per rank, or ``None``
+                when no side readings exist.
         """
 
     def plan_imposed(self, plan: Sequence[int]) -> None:
@@ -219,4 +222,4 @@ class Controller(ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what ``state_dict`` returned."""

@@ -119,7 +119,7 @@ class DualBatchPlan:
     """A dual batch plan; ranks ``0..n_L-1`` use ``B_L``, the last ``n_S`` ranks ``B_S``.
 
     ``large_samples`` and ``small_samples`` are the exact ``d_L`` and ``d_S``;
-    :attr:`samples` rounds them to integers that sum to the dataset size.
+    ``samples`` rounds them to integers that sum to the dataset size.
     """
 
     time_model: TimeModel
@@ -164,7 +164,7 @@ class DualBatchPlan:
     @property
     def update_factors(self) -> list[float]:
         """The model-update factor of each rank: 1 for the large-batch ranks and
-        :attr:`update_factor` for the small ones (paper 003), or with ``factor_rule="share"``
+        ``update_factor`` for the small ones (paper 003), or with ``factor_rule="share"``
         each rank's batch share ``b_k / (n * B_L)`` of DDP's global batch."""
         if self.factor_rule == "share":
             return [b / (self.world_size * self.large_batch_size) for b in self.batch_sizes]
@@ -269,7 +269,8 @@ def plan_dual_batch(
     """Plan dual batch size learning (paper 003, Eqs. 4-8).
 
     Args:
-        time_model: per-step time against batch size, e.g. :meth:`TimeModel.fit`.
+        time_model: per-step time against batch size, e.g.
+            [`TimeModel.fit`][lightning_hetero.planning.dual.TimeModel.fit].
         dataset_size: ``d``, training samples per epoch.
         world_size: ``n``, workers.
         small_workers: ``n_S`` in ``[0, n]``; ``0`` plans the all-``B_L`` baseline
@@ -280,7 +281,8 @@ def plan_dual_batch(
             ``"sqrt"`` (its square root) or ``"none"`` (1). With ``n_S = n`` there is no
             large-batch update to match, and the factor is 1 whatever the rule.
             ``"share"``: every rank's factor is its batch share ``b_k / (n * B_L)``
-            (:attr:`DualBatchPlan.update_factors`; ``update_factor`` holds the small ranks').
+            ([`DualBatchPlan.update_factors`][lightning_hetero.planning.dual.DualBatchPlan.update_factors];
+            ``update_factor`` holds the small ranks').
 
     Raises:
         DualBatchError: infeasible inputs; the message names the bound that failed and
@@ -357,8 +359,9 @@ def plan_dual_batch(
 class DualBatchController(StaticController):
     """Dual batch size learning (paper 003) for ``HeteroStrategy(mode="async")``.
 
-    The strategy times probe batches, plans with :func:`plan_dual_batch` and runs the plan;
-    the plan then stays fixed while training (:meth:`update` keeps it).
+    The strategy times probe batches, plans with
+    [`plan_dual_batch`][lightning_hetero.planning.dual.plan_dual_batch] and runs the plan;
+    the plan then stays fixed while training (``update`` keeps it).
 
     Args:
         extra_time_ratio: ``k > 1``, the epoch time allowed relative to every worker

@@ -45,8 +45,8 @@ class StepTimeGuard:
 
     In lock-step training every rank's step takes the same wall time, and that time is what
     a plan is for. At each boundary the guard gets the plan in force with its measured mean
-    step time and standard error (:meth:`review`), and keeps the fastest plan measured so far
-    (:attr:`baseline`). When steps under the plan in force are slower than under the
+    step time and standard error (``review``), and keeps the fastest plan measured so far
+    (``baseline``). When steps under the plan in force are slower than under the
     baseline by more than ``z`` standard errors of the difference plus ``tolerance``
     (relative), it answers with the baseline's plan: the change is reverted. Comparing with
     the fastest plan, not with the one just before, keeps changes that each look harmless
@@ -55,7 +55,7 @@ class StepTimeGuard:
     that changes.
 
     A plan measured over fewer than ``min_steps`` steps is not judged: the guard holds it
-    (:meth:`propose` keeps it) until its steps are enough for a verdict, as happens when
+    (``propose`` keeps it) until its steps are enough for a verdict, as happens when
     boundaries come every step or two.
 
     A revert is remembered as a smaller step: once the baseline's plan, measured again,
@@ -216,7 +216,7 @@ class StepTimeGuard:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what ``state_dict`` returned."""
         self.baseline = None if state["baseline"] is None else _Measured(**state["baseline"])
         self.trial = state["trial"]
         self.fraction = float(state["fraction"])

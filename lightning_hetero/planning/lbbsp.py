@@ -27,14 +27,14 @@ class LBBSPController(Controller):
     At every boundary rank ``k`` has processed ``b_k`` samples per step in ``t_k``
     seconds, a speed ``v_k = b_k / t_k``. A predictor per rank turns the speeds seen so
     far (and, for ``"narx"``, the CPU and memory readings in ``stats``) into the speed
-    ``v_hat_k`` expected in the next interval, and the next plan is (paper 001, Alg. 1)::
+    ``v_hat_k`` expected in the next interval, and the next plan is (paper 001, Alg. 1):
 
         x_k = B * v_hat_k / sum_j v_hat_j
 
     rounded to integers that sum to ``B`` and kept within the per-rank bounds
-    (:func:`~lightning_hetero.planning.proportional_split`).
+    ([`proportional_split`][lightning_hetero.planning.proportional_split]).
 
-    Predictors (:mod:`~lightning_hetero.planning.predictors`): ``"last"`` (the last speed),
+    Predictors (``predictors``): ``"last"`` (the last speed),
     ``"ema"`` (an exponential moving average with weight ``alpha``) and ``"narx"`` (a small
     network per rank trained online on speeds and resource readings; the EMA until it is
     trained). A prediction that is not a finite positive speed is replaced by the EMA of
@@ -49,7 +49,7 @@ class LBBSPController(Controller):
 
     Args:
         predictor: ``"last"``, ``"ema"``, ``"narx"``, or a callable returning a new
-            :class:`~lightning_hetero.planning.predictors.SpeedPredictor` (one per rank).
+            [`SpeedPredictor`][lightning_hetero.planning.predictors.SpeedPredictor] (one per rank).
         alpha: weight of the latest speed in the EMA (the ``"ema"`` predictor and the
             fallback), in ``(0, 1]``; paper 001 uses 0.2.
         deadband: relative predicted step-time gain below which the plan is kept, in ``[0, 1)``.

@@ -6,7 +6,7 @@ that grows with the batch (activations, the batch itself): ``M(b) = fixed + per_
 optimizer, activation and batch memory). A few measured ``(b, M(b))`` pairs fix the
 two coefficients by least squares, and the largest ``b`` whose prediction stays under
 a safety fraction of the free memory is that worker's ``b_max``. The measuring side
-lives in :mod:`lightning_hetero.memory_probe`; this module is numbers only.
+lives in ``lightning_hetero.memory_probe``; this module is numbers only.
 """
 
 from collections.abc import Sequence

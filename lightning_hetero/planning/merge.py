@@ -4,13 +4,16 @@ In ``mode="local"`` every rank trains its own replica through a mega-batch and t
 replicas are then averaged into one global model. This module holds the arithmetic
 of that average, with no torch import:
 
-* :func:`merge_weights` gives each replica its share ``alpha_k``: in proportion to its
+* [`merge_weights`][lightning_hetero.planning.merge.merge_weights] gives each replica its share
+  ``alpha_k``: in proportion to its
   batch size when all ranks made the same number of updates, otherwise in proportion
   to its update count; optionally the most- and least-updated replicas are nudged up
   and down by a factor ``delta``.
-* :func:`momentum_merge` adds the momentum term ``gamma * (w - w_prev)`` to the
+* [`momentum_merge`][lightning_hetero.planning.merge.momentum_merge] adds the momentum term ``gamma
+  * (w - w_prev)`` to the
   weighted average.
-* :func:`check_merge_options` validates the strategy's options up front.
+* [`check_merge_options`][lightning_hetero.planning.merge.check_merge_options] validates the
+  strategy's options up front.
 """
 
 from collections.abc import Sequence
@@ -26,7 +29,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class MergeWeights:
-    """The result of :func:`merge_weights`.
+    """The result of [`merge_weights`][lightning_hetero.planning.merge.merge_weights].
 
     ``weights[k]`` multiplies replica ``k``; ``perturbed`` says whether the
     most/least-updated adjustment was applied (then the weights may not sum to 1);

@@ -101,7 +101,7 @@ class StepTimeCurve:
           sample, as the proportional controller assumes).
         * Otherwise the line ``c + s*b`` with ``c >= 0`` that minimises the relative
           residuals ``sum(((c + s*b) / t - 1)**2)``, as
-          :meth:`TimeModel.fit <lightning_hetero.planning.TimeModel.fit>` does for the dual
+          [`TimeModel.fit`][lightning_hetero.planning.TimeModel.fit] does for the dual
           batch planner, with a slope of at least a tenth of the mean time per sample
           (never a flat line: a rank that looks free gets flooded). If that line leaves a
           root mean square relative residual above ``tolerance`` (a flat start, a memory
@@ -197,7 +197,7 @@ def _fit_lines(
     """Relative least-squares lines of many ranks at once.
 
     Rank ``k`` has ``counts[k]`` points: its latest, ``(sizes[k], times[k])``, and older ones
-    whose :func:`_sums` are ``older_sums[k]``. Returns the intercepts, the slopes, and the
+    whose ``_sums`` are ``older_sums[k]``. Returns the intercepts, the slopes, and the
     ranks no line fits within ``tolerance`` (root mean square relative residual). One loop
     of plain arithmetic, since the controller runs it on every rank at every boundary.
     """
@@ -245,7 +245,8 @@ def _fit_lines(
 
 
 def _piecewise(points: Sequence[tuple[float, float]], line_slope: float) -> StepTimeCurve:
-    """The non-decreasing interpolation of points sorted by size (see :meth:`StepTimeCurve.fit`).
+    """The non-decreasing interpolation of points sorted by size (see
+    [`StepTimeCurve.fit`][lightning_hetero.planning.model.StepTimeCurve.fit]).
 
     Past the last point it rises at least as steeply as the best line, ``line_slope``.
     """
@@ -557,8 +558,8 @@ def _one_by_one(
     sign: int,
     bound: Sequence[int],
 ) -> None:
-    """:func:`_add` (``sign=+1``: soonest next sample first, ties to the lower rank) or
-    :func:`_remove` (``sign=-1``: latest last sample first, ties from the higher rank) one
+    """``_add`` (``sign=+1``: soonest next sample first, ties to the lower rank) or
+    ``_remove`` (``sign=-1``: latest last sample first, ties from the higher rank) one
     sample at a time, for when some rank takes or gives up several. ``heap`` holds
     ``(t, k)`` for adding and ``(-t, -k)`` for removing, infinite where a bound holds."""
     heapq.heapify(heap)
@@ -628,10 +629,12 @@ def allowed_speedup(
     """The step-time speedup over the uniform plan that measured curves allow.
 
     Each rank's ``(batch_size, seconds)`` observations are fitted with
-    :meth:`StepTimeCurve.fit` (one size: all of the time per sample); the result is the
+    [`StepTimeCurve.fit`][lightning_hetero.planning.model.StepTimeCurve.fit] (one size: all of the
+    time per sample); the result is the
     fitted step time of the uniform plan (the global batch split evenly within the bounds)
-    over :func:`optimal_step_time`. With fixed costs it is below the nominal
-    ``sum(X) / (K * min(X))`` of :func:`~lightning_hetero.planning.ideal_speedup`.
+    over [`optimal_step_time`][lightning_hetero.planning.model.optimal_step_time]. With fixed costs
+    it is below the nominal
+    ``sum(X) / (K * min(X))`` of [`ideal_speedup`][lightning_hetero.planning.ideal_speedup].
 
     Example:
         >>> observations = [[(64, 0.62), (81, 0.705)], [(64, 1.06), (47, 0.805)]]
@@ -665,7 +668,9 @@ class ModelController(LearnedMaximum, Controller):
     fixed cost it reads a rank with short steps, which spend more of their time on the
     fixed part, as slower than it is, and corrects in shrinking steps that the dead-band
     stops short of balance. Here each rank's curve is fitted to the last ``history``
-    distinct batch sizes it was timed at (:meth:`StepTimeCurve.fit`: relative least squares,
+    distinct batch sizes it was timed at
+    ([`StepTimeCurve.fit`][lightning_hetero.planning.model.StepTimeCurve.fit]: relative least
+    squares,
     or a non-decreasing piecewise-linear interpolation where no line fits within
     ``tolerance``: a device that is flat below some batch, a memory cliff). A line's slope
     is at least a tenth of the rank's mean time per sample: a fit through two noisy points
@@ -674,7 +679,8 @@ class ModelController(LearnedMaximum, Controller):
     update from a uniform start is the proportional split.
 
     **Solve.** The next plan minimises ``max_k t_k(b_k)`` over integers with
-    ``sum_k b_k = B`` and ``lo_k <= b_k <= hi_k``, exactly (:func:`solve_plan`): the water
+    ``sum_k b_k = B`` and ``lo_k <= b_k <= hi_k``, exactly
+    ([`solve_plan`][lightning_hetero.planning.model.solve_plan]): the water
     level ``L`` at which the largest real batches finishing within ``L`` add up to ``B``
     (in closed form when no bound binds, by pegging the ranks that overshoot a bound when
     a few do, else by sorting where the ranks reach bounds and knots), each rank's batch
@@ -694,7 +700,8 @@ class ModelController(LearnedMaximum, Controller):
 
     **Memory.** A batch that outgrows memory makes steps much slower; the points show it as
     a curve that bends up, and the fit follows the bend. The learned-maximum rule of
-    :class:`~lightning_hetero.planning.ProportionalController` (a rank whose throughput fell
+    [`ProportionalController`][lightning_hetero.planning.ProportionalController] (a rank whose
+    throughput fell
     by more than ``throughput_drop`` when its batch grew by more than the dead-band, and
     again at a later boundary above that size, is capped at its previous size for
     ``relearn_after`` boundaries, with a warning) is available with

@@ -5,10 +5,13 @@ On shared machines they do not: co-located jobs come and go. Each predictor here
 at every boundary, the speed a rank just measured (samples/s) and the resource readings
 taken at that boundary, and guesses the speed of the coming interval.
 
-* :class:`LastPredictor` repeats the last speed (paper 001 calls it *memoryless*): it
+* [`LastPredictor`][lightning_hetero.planning.predictors.LastPredictor] repeats the last speed
+  (paper 001 calls it *memoryless*): it
   follows a real change at once but also every transient hiccup.
-* :class:`EMAPredictor` smooths: robust to hiccups, slow after a real change.
-* :class:`NARXPredictor` learns, per rank, how speed follows CPU and memory
+* [`EMAPredictor`][lightning_hetero.planning.predictors.EMAPredictor] smooths: robust to hiccups,
+  slow after a real change.
+* [`NARXPredictor`][lightning_hetero.planning.predictors.NARXPredictor] learns, per rank, how speed
+  follows CPU and memory
   availability; readings tell a lasting change (resources moved) from a hiccup
   (resources did not), so it can be both quick and calm.
 """
@@ -50,8 +53,8 @@ def _check_alpha(alpha: float) -> float:
 class SpeedPredictor(ABC):
     """Predicts one rank's speed in the next interval from what it observed so far.
 
-    Call :meth:`observe` once per boundary, then :meth:`predict`. Predictors are pure
-    and deterministic; all their state is in :meth:`state_dict`.
+    Call ``observe`` once per boundary, then ``predict``. Predictors are pure
+    and deterministic; all their state is in ``state_dict``.
     """
 
     #: Name under which ``LBBSPController(predictor=...)`` selects the predictor.
@@ -79,7 +82,7 @@ class SpeedPredictor(ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what ``state_dict`` returned."""
 
 
 class LastPredictor(SpeedPredictor):
@@ -120,7 +123,8 @@ class EMAPredictor(SpeedPredictor):
     ``alpha`` weighs the latest observation (paper 001, Table 3 uses 0.2).
 
     Args:
-        alpha: weight of the latest speed, in ``(0, 1]``; 1 is :class:`LastPredictor`.
+        alpha: weight of the latest speed, in ``(0, 1]``; 1 is
+            [`LastPredictor`][lightning_hetero.planning.predictors.LastPredictor].
 
     Example:
         >>> p = EMAPredictor(alpha=0.5)
@@ -159,7 +163,7 @@ class NARXPredictor(SpeedPredictor):
     """A small NARX network per rank, trained online (paper 001, Eq. 4 and section 4).
 
     The next speed is a learned function of the last two speeds and of the current and
-    the last two CPU and memory readings::
+    the last two CPU and memory readings:
 
         v[i+1] = v[i] * exp(F(v[i], v[i-1], c[i], c[i-1], c[i-2], m[i], m[i-1], m[i-2]))
 
@@ -313,7 +317,7 @@ class NARXPredictor(SpeedPredictor):
     def _features(self, end: int) -> list[float] | None:
         """Raw inputs from the observations before index ``end``; ``None`` if one is missing.
 
-        Speeds come as ``log(v)``; :meth:`_tensor` subtracts the reference.
+        Speeds come as ``log(v)``; ``_tensor`` subtracts the reference.
         """
         if end < self.reading_lags:
             return None

@@ -72,7 +72,7 @@ class LearnedMaximum:
     lifted, the rank may grow again, and binding again takes a new confirmation. Learned
     maxima that leave no room for the global batch are forgotten with a warning. The
     subclass sets ``deadband``, ``throughput_drop`` and ``learn_max_batch_size``, and calls
-    :meth:`_init_learned`.
+    ``_init_learned``.
 
     Attributes:
         learned_max: per rank, the maximum that binds, or ``None``.
@@ -262,7 +262,7 @@ class ProportionalController(LearnedMaximum, Controller):
       plan still when timing noise and integer rounding move a small batch by one
       sample (that alone can exceed 5% of it);
     * **smoothing**: timings arrive as medians of every step since the last change
-      (:class:`~lightning_hetero.planning.TimingSmoother`);
+      ([`TimingSmoother`][lightning_hetero.planning.TimingSmoother]);
     * **learned maximums**: if growing a rank's batch by more than the dead-band lowered
       its throughput by more than ``throughput_drop`` (relative), its previous size is a
       candidate maximum (paper 000, "batch size bounds"), e.g. when memory runs short.
@@ -489,7 +489,7 @@ def _omnilearn_shares(
     lower: Sequence[int],
     upper: Sequence[int],
 ) -> list[float]:
-    """The real-valued target of :func:`_omnilearn_split`, summing to ``total``."""
+    """The real-valued target of ``_omnilearn_split``, summing to ``total``."""
     mean_s = fmean(compute_s)
     # Eq. 6: b - T_k * (t_k - t_mean) with T_k = b / t_k, i.e. b * t_mean / t_k.
     moved = list(map(truediv, map(mul, batch_sizes, repeat(mean_s)), compute_s))

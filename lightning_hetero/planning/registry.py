@@ -28,7 +28,7 @@ CONTROLLERS: dict[str, type[Controller]] = {
 
 def make_controller(name: str, **options: Any) -> Controller:
     """Build a controller by name; ``options`` the controller does not take are ignored,
-    and so is ``deadband="auto"`` for one without :attr:`~Controller.auto_deadband` (it
+    and so is ``deadband="auto"`` for one without ``auto_deadband`` (it
     keeps its own default)."""
     try:
         cls = CONTROLLERS[name]

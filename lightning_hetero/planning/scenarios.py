@@ -34,7 +34,7 @@ class Scenario:
     """A simulated cluster, its starting plan and how long to run it.
 
     Attributes:
-        name: key in :data:`SCENARIOS`.
+        name: key in ``SCENARIOS``.
         description: one line for tables.
         build: ``seed -> ClusterSimulator``.
         batch_sizes: the initial plan.
@@ -303,7 +303,9 @@ class ScenarioReport:
     """How one controller did on one scenario.
 
     *Efficiency* is the optimal step time (the best any plan within the limits can do on
-    the noise-free curves, :meth:`ClusterSimulator.optimal_step_s`) over the true step
+    the noise-free curves,
+    [`ClusterSimulator.optimal_step_s`][lightning_hetero.planning.ClusterSimulator.optimal_step_s])
+    over the true step
     time of the plan in force. For linear workers without caps it equals the balance
     efficiency ``E``; where ``E = 1`` is out of reach (a memory cap, a flat GPU curve) it
     still reads 1.0 at the best plan.
@@ -344,7 +346,7 @@ def run_scenario(
     change is checked against the step time and reverted if slower, as in ``mode="bsp"``.
 
     Every plan is checked against the scenario's limits (sum and bounds); a violation
-    raises :class:`~lightning_hetero.planning.PlanError`.
+    raises [`PlanError`][lightning_hetero.planning.PlanError].
 
     Example:
         >>> from lightning_hetero.planning import ProportionalController

@@ -125,7 +125,8 @@ class ClusterSimulator:
     """Simulated workers stepping in lock-step (BSP), one interval per boundary.
 
     Args:
-        workers: one :class:`SimulatedWorker` per rank.
+        workers: one [`SimulatedWorker`][lightning_hetero.planning.simulator.SimulatedWorker] per
+            rank.
         noise: relative standard deviation of each step's compute time (Gaussian).
         speed_changes: ``{boundary: speeds}``; from that boundary on, worker ``k``
             runs ``speeds[k]`` times as fast as its curve says (the latest entry

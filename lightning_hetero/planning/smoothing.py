@@ -46,15 +46,15 @@ class TimingSmoother:
     """One rank's step times at one batch size: robust statistics over every step since the
     last change.
 
-    :attr:`compute_s` and :attr:`wait_s` are medians over all the steps timed since the
+    ``compute_s`` and ``wait_s`` are medians over all the steps timed since the
     batch size or the plan changed (the latest ``window`` of them at most, so memory stays
     bounded: another rank's change can change this rank's steps too, through shared hosts
     and waiting), and
-    :attr:`compute_se` is the standard error of that median: it shrinks as steps
-    accumulate, so the auto dead-band (:func:`~lightning_hetero.planning.noise_deadband`)
+    ``compute_se`` is the standard error of that median: it shrinks as steps
+    accumulate, so the auto dead-band (``noise_deadband``)
     does too, and a few steps that stalled (another job, a page fault, a GC pause) move
     neither the centre nor its error much. Every 16 steps, and at each boundary
-    (:meth:`mark`), the steps since the last such test are compared with the steps before
+    (``mark``), the steps since the last such test are compared with the steps before
     them: a lower quartile that moved by more than 5% and three standard errors is a speed
     change at the same batch size (another job started on the host; stalls, which only
     slow steps, move the lower quartile only when they are most of the steps), and the
@@ -63,10 +63,10 @@ class TimingSmoother:
     The first step after a restart is discarded when later steps arrive: it pays one-off
     costs (allocator growth, DDP bucket rebuilding, cold caches). A step timed only from its
     batch's arrival (``full=False``: an epoch's first, see
-    :class:`~lightning_hetero._comm.StepRecord`) counts only while no fully timed one exists.
+    ``StepRecord``) counts only while no fully timed one exists.
 
     Besides those it keeps the plain mean of the whole step, compute plus waiting
-    (:attr:`step_s`, the synchronous step time in lock-step modes, stalls included: they are
+    (``step_s``, the synchronous step time in lock-step modes, stalls included: they are
     wall time the guard must see) with its standard error.
 
     Example:
@@ -134,7 +134,7 @@ class TimingSmoother:
 
     def _restart_on_speed_change(self) -> None:
         """Keep only the latest steps (since the last test) when their median differs from
-        the earlier steps' beyond their noise and :data:`_SPEED_CHANGE`."""
+        the earlier steps' beyond their noise and ``_SPEED_CHANGE``."""
         latest_n, self._block = self._block, 0
         held = list(self._compute)
         if latest_n < 2 or len(held) - latest_n < latest_n:
@@ -162,13 +162,13 @@ class TimingSmoother:
 
     @property
     def compute_se(self) -> float:
-        """Standard error of :attr:`compute_s` (see :func:`robust_centre`); ``nan`` below two
+        """Standard error of ``compute_s`` (see ``robust_centre``); ``nan`` below two
         steps."""
         return robust_centre(list(self._compute))[1]
 
     @property
     def compute_count(self) -> int:
-        """Steps in :attr:`compute_s`."""
+        """Steps in ``compute_s``."""
         return len(self._compute)
 
     @property
@@ -178,12 +178,12 @@ class TimingSmoother:
 
     @property
     def step_count(self) -> int:
-        """Steps in :attr:`step_s`."""
+        """Steps in ``step_s``."""
         return self._step.count
 
     @property
     def step_se(self) -> float:
-        """Standard error of :attr:`step_s` (``nan`` below two steps)."""
+        """Standard error of ``step_s`` (``nan`` below two steps)."""
         n = self._step.count
         return self._step.std / sqrt(n) if n > 1 else nan
 

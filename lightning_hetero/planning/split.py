@@ -204,7 +204,7 @@ def _fill_one_side(
     sum_w: float,
     sum_c: float,
 ) -> float | None:
-    """:func:`_fill_level` when only the maximums (``rising``) or only the minimums bind.
+    """``_fill_level`` when only the maximums (``rising``) or only the minimums bind.
 
     Then the level lies beyond ``unbounded`` (above it for maximums, below for minimums)
     and ranks reach their bound in the order of their breakpoints ``points`` from there.

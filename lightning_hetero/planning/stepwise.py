@@ -22,7 +22,8 @@ class StepwiseController(Controller):
 
     * the **straggler** is the rank with the longest compute time;
     * the **leader** is the rank with the shortest compute time among those whose
-      ``memory_used`` (:class:`RankStats`) is below ``memory_threshold`` (an unknown,
+      ``memory_used`` ([`RankStats`][lightning_hetero.planning.stepwise.RankStats]) is below
+      ``memory_threshold`` (an unknown,
       ``nan`` reading counts as below) and whose batch is below its maximum;
     * if the leader's time was below ``(1 - deadband)`` times the straggler's at each of
       the last ``window`` boundaries under the current plan (the *observation window*),
@@ -47,7 +48,8 @@ class StepwiseController(Controller):
     Windows count boundaries. With per-step re-planning (``adjust_every=1``) a boundary
     is an iteration, as in the paper; with coarser boundaries the controller takes
     proportionally longer (``fast_window * (b_straggler - b_balanced) / fast_step``
-    boundaries at least), which is why :class:`ProportionalController` is the default.
+    boundaries at least), which is why
+    [`ProportionalController`][lightning_hetero.planning.ProportionalController] is the default.
     A plan that breaks the limits (new bounds, a plan set by hand) is first projected
     onto them, keeping its proportions, and the window starts afresh.
 

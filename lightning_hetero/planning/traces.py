@@ -3,8 +3,8 @@
 Paper 001 evaluates its predictors on CPU workers that share hosts with other jobs
 (Cluster-B, replaying a Google cluster trace): a co-located job takes CPU and memory
 while it runs, and the training worker slows down. This module generates such traces
-for the :class:`~lightning_hetero.planning.ClusterSimulator` and scores the speed
-predictors of :mod:`~lightning_hetero.planning.predictors` on them, in the manner of the
+for the [`ClusterSimulator`][lightning_hetero.planning.ClusterSimulator] and scores the speed
+predictors of ``predictors`` on them, in the manner of the
 paper's Table 3.
 
 How a trace is made, per worker, on a grid of training steps (20 per interval between
@@ -27,10 +27,10 @@ useful the readings are):
 
 * the measured speed of interval ``i``: the harmonic mean of its step speeds (the
   simulator holds one speed per interval, the mean step time of the real one; the real
-  :class:`~lightning_hetero.planning.TimingSmoother` restarts at a speed change, which
+  [`TimingSmoother`][lightning_hetero.planning.TimingSmoother] restarts at a speed change, which
   would make the last speed a somewhat better predictor than here);
 * ``cpu_available``: the free CPU share *averaged over* interval ``i``, as
-  :class:`~lightning_hetero.resources.ResourceMeter` reads it (``psutil.cpu_percent``
+  ``ResourceMeter`` reads it (``psutil.cpu_percent``
   since the previous reading). It covers the same time as the speed;
 * ``memory_available``: the free memory share *at* the boundary, an instantaneous
   reading (``psutil.virtual_memory``). A job that started or ended late in the
@@ -190,18 +190,19 @@ def resource_simulator(
     noise: float = 0.02,
     **trace_options: float,
 ) -> ClusterSimulator:
-    """A :class:`ClusterSimulator` of heterogeneous hosts shared with other jobs.
+    """A [`ClusterSimulator`][lightning_hetero.planning.traces.ClusterSimulator] of heterogeneous
+    hosts shared with other jobs.
 
     Worker ``k`` runs at ``base_speeds[k]`` (relative) times the trace's speed during each
     interval, and reports the trace's readings through
-    :class:`~lightning_hetero.planning.RankStats`.
+    [`RankStats`][lightning_hetero.planning.RankStats].
 
     Args:
         seed: seed of the trace and of the timing noise.
         base_speeds: speeds of the hosts when running alone.
         boundaries: intervals in the trace (later boundaries keep the last interval).
         noise: relative timing noise of each step.
-        trace_options: further :func:`resource_trace` options.
+        trace_options: further ``resource_trace`` options.
 
     Example:
         >>> sim = resource_simulator(seed=0, boundaries=10)
@@ -286,7 +287,7 @@ def predictor_report(
 ) -> list[dict[str, Any]]:
     """Score speed predictors inside LB-BSP on resource traces (paper 001, Table 3).
 
-    For every seed, :func:`resource_simulator` makes a four-worker cluster; LB-BSP runs
+    For every seed, ``resource_simulator`` makes a four-worker cluster; LB-BSP runs
     on it with each predictor from a uniform start, and an *oracle* that knows every
     interval's true speed in advance gives the reference. Two numbers per run, over the
     boundaries from ``score_from`` on (the earlier ones are the NARX warm-up):
@@ -306,7 +307,8 @@ def predictor_report(
         deadband: LB-BSP dead-band; 0 re-plans every boundary, as paper 001 does.
         global_batch_size: ``B``, split over the four workers.
         steps_per_boundary: steps between boundaries.
-        options: further :class:`LBBSPController` options (NARX settings).
+        options: further [`LBBSPController`][lightning_hetero.planning.traces.LBBSPController]
+            options (NARX settings).
 
     Returns:
         One dict per predictor with ``predictor``, ``rmse``, ``step_s``, ``vs_uniform`` and

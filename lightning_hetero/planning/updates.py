@@ -29,10 +29,11 @@ class UpdatesController(Controller):
 
     a move that is applied only when ``b_k'`` stays within the rank's bounds (otherwise
     ``b_k`` stays). The learning rate follows the linear scaling rule: rank ``k``'s
-    factor ``b_k' / b_k`` is in :attr:`lr_factors` after each update, for the modes that
+    factor ``b_k' / b_k`` is in ``lr_factors`` after each update, for the modes that
     scale the learning rate per rank.
 
-    **Update counts.** When every rank reports ``updates`` in its :class:`RankStats`
+    **Update counts.** When every rank reports ``updates`` in its
+    [`RankStats`][lightning_hetero.planning.updates.RankStats]
     (asynchronous and local-SGD modes), those are ``u_k``. In lock-step modes they are
     ``None``, and ``u_k`` is derived from the compute times as the *expected* count a
     dynamic schedule would give in the same wall time: the pool of ``megabatch_size``
@@ -42,7 +43,9 @@ class UpdatesController(Controller):
 
     **Keeping the global batch.** Without rejected moves the deviations sum to zero, and
     so do the moves; rounding and rejected moves break that. The moved plan is therefore
-    renormalised the way :class:`ProportionalController` renormalises its target: scaled by
+    renormalised the way
+    [`ProportionalController`][lightning_hetero.planning.ProportionalController] renormalises its
+    target: scaled by
     a common factor to sum to ``B``, clipped to the bounds (the surplus goes to the ranks
     with room, in proportion to their size), then rounded by largest fractional part
     (ties to the lower rank), so the result sums to ``B`` exactly and every rank computes

@@ -5,7 +5,7 @@
 Training is split into stages, each with one learning rate; every stage cycles through
 sub-stages that train at a given input resolution and dropout rate, low resolution first.
 Smaller images cost less memory and time per sample, so with
-:class:`~lightning_hetero.HeteroStrategy` the batch grows as the resolution falls.
+[`HeteroStrategy`][lightning_hetero.HeteroStrategy] the batch grows as the resolution falls.
 """
 
 import copy
@@ -119,7 +119,7 @@ class ProgressiveSchedule(Callback):
     dropout module gets the sub-stage's ``p`` and every optimizer's parameter groups the
     stage's learning rate (overriding LR schedulers for that epoch). The batch size changes
     from the first epoch of a sub-stage: with ``HeteroStrategy`` through
-    :meth:`~lightning_hetero.HeteroStrategy.set_input_scale` (by default the global batch
+    ``set_input_scale`` (by default the global batch
     follows the pixel count, capped by measured memory); with other strategies only an
     explicit ``batch_size`` applies, set as ``batch_size`` on the module, its hparams or
     the datamodule (as Lightning's batch size finder does) and the loader rebuilt; a
@@ -362,5 +362,5 @@ class ProgressiveSchedule(Callback):
 
 def _plans_batches(strategy: Any) -> bool:
     """Whether ``strategy`` plans the batch itself (it takes ``set_input_scale``, as
-    :class:`~lightning_hetero.HeteroStrategy` does)."""
+    [`HeteroStrategy`][lightning_hetero.HeteroStrategy] does)."""
     return callable(getattr(strategy, "set_input_scale", None))

@@ -3,10 +3,10 @@
 """HeteroStrategy: DDP in which every rank gets its own batch size.
 
 The strategy is ``DDPStrategy`` with the hetero engine mixed in
-(:class:`~lightning_hetero.pytorch_lightning.engine.HeteroEngine`), which hands every lifecycle hook to the
-training mode (:mod:`lightning_hetero.modes`), makes plans with the plan state
-(:class:`~lightning_hetero.plan_state.PlanState`) and runs boundaries with the re-planner
-(:class:`~lightning_hetero.replan.Replanner`). Here: the options, and how DDP wraps the model.
+(``HeteroEngine``), which hands every lifecycle hook to the
+training mode (``lightning_hetero.modes``), makes plans with the plan state
+(``PlanState``) and runs boundaries with the re-planner
+(``Replanner``). Here: the options, and how DDP wraps the model.
 """
 
 from collections.abc import Callable
@@ -46,11 +46,11 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             ranks never wait for each other within an epoch. ``"local"``: local SGD; each
             rank steps its own replica on batches claimed from a shared pool of
             ``megabatch_size`` samples, and the replicas are merged after each mega-batch
-            (see ``docs/modes.md``).
+            (see [Training modes](../modes.md)).
         controller: a controller name (``"proportional"``, ``"model"``, ``"lbbsp"``,
             ``"stepwise"``, ``"updates"``, ``"static"``; built with ``deadband``;
             ``"dual"``, dual batch size learning, with ``mode="async"`` only) or a
-            :class:`~lightning_hetero.planning.Controller` instance. Default:
+            [`Controller`][lightning_hetero.planning.Controller] instance. Default:
             ``"updates"`` in local mode, ``"proportional"`` otherwise.
         batch_sizes: the initial plan: ``"uniform"``, ``"cores"`` (CPU cores each rank's
             process may use), ``"flops"`` (GPU SMs x clock via NVML, falling back to
@@ -66,7 +66,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             training steps at a few batch sizes before training, fits
             ``memory = fixed + per_sample * b`` and takes the largest ``b`` that stays under
             ``memory_safety`` of its free memory (model, optimizer and random state are put
-            back afterwards; see ``docs/controllers.md``).
+            back afterwards; see [Controllers and re-planning](../controllers.md)).
         micro_batch_size: the most samples a rank puts through the model at once (default:
             its whole batch): one number, one per rank, or ``"auto"`` (each rank's bound from
             the memory probe of ``max_batch_size="auto"``). Rank ``k`` runs its ``b_k``
@@ -74,7 +74,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             step, gradients accumulated locally and synchronized once (DDP's ``no_sync`` for
             all but the last), each loss weighted by its samples: the optimizer step is
             still one step on the global batch, and memory bounds the micro-batch, never
-            the share. ``mode="bsp"``, automatic optimization only; see ``docs/memory.md``.
+            the share. ``mode="bsp"``, automatic optimization only; see [Memory-bound ranks
+            (micro-batches)](../memory.md).
         memory_safety: fraction of the free memory ``max_batch_size="auto"`` plans for, in
             ``(0, 1]``.
         probe_batch_sizes: batch sizes ``max_batch_size="auto"`` probes (default: four
@@ -85,7 +86,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             ranks' step times, at least 1% (controllers without ``"auto"`` use 5%).
         revert_slower: BSP: check every plan change against the measured wall time of a
             step and undo a change that made steps slower beyond the measured noise; later
-            changes then move half as far (see ``docs/controllers.md``, "Never slower than DDP").
+            changes then move half as far (see [Controllers and re-planning](../controllers.md),
+            "Never slower than DDP").
         smoothing: no effect since per-rank timings became the median of every step since
             the last change (kept so that existing configurations load); in ``[0, 1)``.
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
@@ -104,7 +106,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             (``False``): ``lr`` unchanged (for ablations). Async mode: ``s = b_k / B`` per
             push; dual batch (``controller="dual"``): ``s = b_k / (n * B_L)``; local mode:
             ``s = b_k * K / B``, 1 at an even split of ``B`` over ``K`` ranks (see
-            ``docs/modes.md``).
+            [Training modes](../modes.md)).
         rpc_timeout: async mode: seconds a push or pull to the parameter server may take
             before the rank stops with an error naming it.
         timeout: how long a collective waits for every rank (``DDPStrategy``'s option). A rank
@@ -119,19 +121,19 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         gamma: local mode: merge momentum in ``[0, 1)``: the merged model is
             ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 (default) is plain weighted
             averaging. ``gamma > 0`` amplifies a steady move up to ``1 / (1 - gamma)`` times
-            and needs a smaller learning rate (see ``docs/modes.md``).
-        **kwargs: forwarded to :class:`~torch.nn.parallel.DistributedDataParallel`
+            and needs a smaller learning rate (see [Training modes](../modes.md)).
+        **kwargs: forwarded to ``DistributedDataParallel``
             (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``. A name that is
             neither an option above nor a keyword of ``DistributedDataParallel`` is refused
             here, with the closest valid name.
 
-    The positional arguments are those of :class:`~pytorch_lightning.strategies.DDPStrategy`,
+    The positional arguments are those of ``DDPStrategy``,
     in its order; the options above are keyword-only. DDP communication hooks and
     post-local-SGD are refused: gradients are weighted by scaling each rank's loss and
     averaged by DDP's own all-reduce, which they would replace.
 
     The first plan is made when Lightning loads the training data at the start of ``fit``,
-    after the optimizers exist (see ``docs/data.md`` for ``estimated_stepping_batches``).
+    after the optimizers exist (see [Data loaders](../data.md) for ``estimated_stepping_batches``).
     """
 
     strategy_name = "hetero"
