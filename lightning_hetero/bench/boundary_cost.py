@@ -49,6 +49,7 @@ class _Mode:
     """The mode's side of a boundary: a plan change takes effect at once."""
 
     fixed_plan = False
+    steps_together = True  # a BSP boundary's
     sampler = object()
 
     def __init__(self, controller: Controller) -> None:

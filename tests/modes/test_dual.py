@@ -51,7 +51,8 @@ def test_a_steps_share_is_its_own_batch_so_the_server_scales_by_the_update_facto
     own = dual.batch_sizes[0]
     mode.on_train_batch_start(0)
     assert mode.share == (own, own)
-    assert mode.update_factor() == pytest.approx(dual.update_factors[0])
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # linear rule: as planned
+    assert mode.update_factor(sgd) == pytest.approx(dual.update_factors[0])
 
 
 def test_a_controllers_plan_change_is_refused_as_the_dual_plan_is_fixed():
