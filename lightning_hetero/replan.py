@@ -38,6 +38,8 @@ __all__ = ["RankReport", "Replanner", "check_replan_options", "waits_unseen"]
 
 #: Batches between two readings of the step timer outside boundaries.
 _COLLECT_EVERY = 64
+#: The ``smoothing`` option's default: any other value is warned about (it has no effect).
+SMOOTHING_DEFAULT = 0.8
 #: A plan kept at a balance below this is explained, at most every that many boundaries.
 _SAY_HELD_BELOW = 0.9
 _SAY_HELD_EVERY = 20
@@ -50,6 +52,14 @@ def check_replan_options(
     check_deadband(deadband)
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing}.")
+    if smoothing != SMOOTHING_DEFAULT:
+        rank_zero_warn(
+            f"hetero: `smoothing={smoothing}` has no effect: each rank's step time is now the"
+            " median of every step since the plan last changed, and its noise the standard"
+            " error of that median (docs: How it works, Statistics). Leave `smoothing` out; it"
+            " will be removed.",
+            category=FutureWarning,
+        )
     if adjust_every != "epoch" and not is_count(adjust_every):
         raise ValueError(
             f"`adjust_every` must be 'epoch' or an integer >= 1, got {adjust_every!r}."

@@ -169,7 +169,8 @@ def test_each_strategy_takes_the_shared_options_with_their_defaults_and_types(st
         assert parameter.default == option.default, option.name
         assert hints[option.name] == shared[option.name], option.name
     # and what is given arrives: the strategy keeps each option as given
-    strategy = strategy_class(smoothing=0.25, shuffle=False, deadband=0.1)
+    with pytest.warns(FutureWarning, match=r"^hetero: `smoothing=0.25` has no effect"):
+        strategy = strategy_class(smoothing=0.25, shuffle=False, deadband=0.1)
     assert (strategy.smoothing, strategy.shuffle, strategy.deadband) == (0.25, False, 0.1)
     assert strategy.replanner.smoothing == 0.25
 

@@ -160,11 +160,11 @@ def test_cli_yaml_class_path_and_init_args(tmp_path):
         "      controller: static\n"
         "      min_batch_size: 2\n"
         "      weighted: false\n"
-        "      smoothing: 0.5\n"
+        "      deadband: 0.05\n"
     )
     strategy = _cli([f"--config={config}"]).trainer.strategy
     assert isinstance(strategy.controller, StaticController)
-    assert strategy.weighted is False and strategy.smoothing == 0.5
+    assert strategy.weighted is False and strategy.deadband == 0.05
 
 
 # ---------------------------------------------------------------- one-process runs
