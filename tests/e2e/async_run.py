@@ -107,6 +107,14 @@ class Probe(Callback):
 
 def main() -> None:
     config = json.loads(sys.argv[1])
+    if config.get("kill_rank") is not None:
+        # Lightning's launcher kills every rank within 5 s of a child's death (its zombie guard,
+        # `_ChildProcessObserver`), which races rank 0's report of the dead rank that the fault
+        # test reads: give rank 0 the time to find it (every rank still ends, on the closed
+        # connections)
+        from lightning.fabric.strategies.launchers import subprocess_script
+
+        subprocess_script._ChildProcessObserver.__init__.__defaults__ = (60,)
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
     options = {
