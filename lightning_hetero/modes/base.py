@@ -204,6 +204,12 @@ class Mode:
         _, sizes = sampler.layout(step)
         return sizes[self.ctx.rank], sum(sizes), sizes == sampler.plan_at(step)
 
+    def step_samples(self, batch_idx: int) -> int | None:
+        """The samples this rank trains in step ``batch_idx`` (``b_k``), read without
+        consuming anything; ``None``: not known before the step."""
+        layout = self.step_layout(batch_idx)
+        return None if layout is None else layout[0]
+
     def on_train_batch_start(self, batch_idx: int) -> None:
         """Close the previous step's timing; set ``share``; time the step if planned."""
         timer = self.ctx.timer

@@ -78,6 +78,13 @@ class LocalSGDMode(Mode):
             ctx.comm.broadcast_tensor(tensor.data)
         self._merger = ReplicaMerger(module, ctx.rank, self.options.gamma)
 
+    def step_samples(self, batch_idx: int) -> int | None:
+        # the next batch's tag, left in place: `step_layout` consumes it at the step's start
+        sampler = self.sampler
+        if not isinstance(sampler, MegaBatchSampler) or not sampler.tags:
+            return None
+        return sampler.tags[0].size
+
     def step_layout(self, batch_idx: int) -> tuple[int, int, bool] | None:
         sampler = self.sampler
         if not isinstance(sampler, MegaBatchSampler):

@@ -493,9 +493,8 @@ class HeteroEngine:
 
     def step_samples(self, batch_idx: int) -> int | None:
         """The samples the plan gives this rank in step ``batch_idx`` of the epoch (``b_k``);
-        ``None`` where the mode's sampler does not lay out steps (``"async"``, ``"local"``)."""
-        layout = self.training_mode.step_layout(batch_idx)
-        return None if layout is None else layout[0]
+        ``None`` where the mode cannot tell before the step."""
+        return self.training_mode.step_samples(batch_idx)
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

@@ -36,6 +36,8 @@ def test_replicas_merge_after_each_megabatch_and_replan_with_the_update_counts(g
     mode.on_train_epoch_start()
     drawn: list[int] = []
     for batch_idx, batch in enumerate(sampler):
+        # read before the step (Throttle does) without consuming the step's tag
+        assert mode.step_samples(batch_idx) == mode.step_samples(batch_idx) == len(batch)
         mode.on_train_batch_start(batch_idx)
         drawn += batch
         if batch_idx == 2:  # the first batch of the second mega-batch merged the first
