@@ -13,9 +13,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from micro_step import Regression  # a sibling: scripts here run from this folder
 
 from lightning_hetero import HeteroStrategy
-from tests.e2e.micro_step import Regression
 
 
 def trainer(folder: Path, epochs: int, batch_sizes, bounds) -> pl.Trainer:
