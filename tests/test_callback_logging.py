@@ -36,7 +36,6 @@ def _fit(tmp_path: Path, adjust_every, log_every_n_steps: int, batches: int, epo
         log_every_n_steps=log_every_n_steps,
         logger=[CSVLogger(tmp_path, name="csv"), TensorBoardLogger(tmp_path, name="tb")],
         enable_checkpointing=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
     )
     trainer.fit(_Logged())

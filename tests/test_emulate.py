@@ -257,7 +257,6 @@ def test_the_delay_counts_the_samples_the_plan_gives_the_rank(monkeypatch, tmp_p
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
     )

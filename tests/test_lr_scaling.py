@@ -277,7 +277,6 @@ def _fit_async(optimizer: str, tmp_path) -> list[str]:
         default_root_dir=tmp_path,
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -68,7 +68,6 @@ if __name__ == "__main__":
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=False,
     )
     model = Model()
     trainer.fit(model)
