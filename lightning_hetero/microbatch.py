@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from lightning_hetero.planning.split import is_count
+
 __all__ = ["check_micro_batch_size", "micro_bounds", "micro_sizes", "split_batch", "step_loss"]
 
 
@@ -24,14 +26,13 @@ def check_micro_batch_size(value: Any) -> None:
     them (one per rank) or ``"auto"`` (at construction)."""
     if value is None or value == "auto":
         return
-    one = isinstance(value, int) and not isinstance(value, bool)
-    if one and value >= 1:
+    if is_count(value):
         return
     if (
         isinstance(value, Sequence)
         and not isinstance(value, (str, bytes))
         and value
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+        and all(is_count(v) for v in value)
     ):
         return
     raise ValueError(
