@@ -13,9 +13,13 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from micro_step import Regression  # a sibling: scripts here run from this folder
 
 from lightning_hetero import HeteroStrategy
+
+try:  # imported by pytest's doctest collection, as part of the tests package
+    from tests.e2e.micro_step import Regression
+except ModuleNotFoundError:  # run as a script from this folder (launch.run_script)
+    from micro_step import Regression
 
 
 def trainer(folder: Path, epochs: int, batch_sizes, bounds) -> pl.Trainer:
