@@ -354,7 +354,7 @@ class Replanner:
                 self.apply_plan(new_plan, from_step=first_undrawn_step)
                 self.adjustments += 1
                 entry["changed"] = True
-            elif entry["balance"] < _SAY_HELD_BELOW:
+            elif entry["balance"] < _SAY_HELD_BELOW and self.controller.adapts:
                 self._say_held(plan, wanted, entry)
             entry["held_at_minimum"] = self._check_minimum()
         entry["next_batch_sizes"] = state.batch_sizes

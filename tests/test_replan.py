@@ -14,6 +14,7 @@ from lightning_hetero.planning import (
     BatchLimits,
     Controller,
     ProportionalController,
+    StaticController,
     StepTimeGuard,
 )
 from lightning_hetero.replan import (
@@ -449,3 +450,17 @@ def test_an_unbalanced_plan_held_back_says_why_with_the_option_that_would_move_i
     assert len(said) == 1  # rate-limited
     # balance T*/max t = 0.87: a dead-band of 0.07 would move the plan
     assert "balance 0.87" in said[0] and "deadband=0.3" in said[0] and "deadband=0.07" in said[0]
+
+
+def test_a_fixed_plan_the_user_chose_is_kept_without_a_note(caplog):
+    host = _Host([8, 8], world_size=2, comm=_SlowerMirror(0, 1, torch.device("cpu")))
+    host.comm.other_batch_size = 8
+    replanner = host.replanner(StaticController(), adjust_every="epoch", smoothing=0.8)
+    replanner.start()
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            _timed(host, 8, 5, 1.0)
+            _end_epoch(replanner, 5)
+    assert host.plan_state.batch_sizes == [8, 8]
+    assert replanner.history[-1]["balance"] < 0.9  # unbalanced, as in the note's test above
+    assert not [r for r in caplog.records if "keeping the plan" in r.getMessage()]

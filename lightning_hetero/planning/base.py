@@ -193,6 +193,9 @@ class Controller(ABC):
     #: Takes ``deadband="auto"`` (the dead-band follows the ranks' measured timing noise,
     #: ``noise_deadband``).
     auto_deadband: ClassVar[bool] = False
+    #: Moves the plan from timings. ``False`` for a fixed plan the user chose on purpose: a
+    #: boundary then keeps an unbalanced plan without saying so.
+    adapts: ClassVar[bool] = True
 
     @abstractmethod
     def update(

@@ -21,6 +21,7 @@ class StaticController(Controller):
 
     name = "static"
     replicable = True
+    adapts = False
 
     def update(
         self,
