@@ -603,7 +603,9 @@ class HeteroEngine:
         current batch, ``b_k``: the per-sample mean over the global batch, which is what
         DDP's plain mean is when every rank has the same batch. Elsewhere (epoch-level values,
         which Lightning computes as a synced sum over a synced sample count, validation,
-        test) it is DDP's. A reduction during a step counts as waiting, not compute.
+        test) it is DDP's, except that the mean of an integer tensor is a ``float64`` tensor
+        (DDP's truncates it to an integer). A reduction during a step counts as waiting, not
+        compute.
         """
         if not isinstance(tensor, torch.Tensor):
             return tensor
@@ -617,6 +619,10 @@ class HeteroEngine:
                 # module's `on_train_batch_start` (they run before it) gets the previous
                 # batch's weight, which differs only at a plan change.
                 return weighted_mean_(tensor, float(self.training_mode.share[0]), group)
+            if is_mean(reduce_op) and not tensor.is_floating_point() and self.comm.distributed:
+                # DDP's mean of integers truncates (Lightning divides the summed count of an
+                # epoch-level mean by the ranks in place): unequal batches make odd sums
+                tensor = tensor.to(torch.float64)
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     @override
