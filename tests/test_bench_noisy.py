@@ -2,7 +2,14 @@
 
 import pytest
 
-from lightning_hetero.bench.noisy import configs, plan_figures, ratio, target
+from lightning_hetero.bench.noisy import (
+    configs,
+    expected_step_s,
+    ideal,
+    plan_figures,
+    ratio,
+    target,
+)
 from lightning_hetero.bench.run import RunConfig
 from lightning_hetero.emulate import Throttle
 
@@ -48,3 +55,20 @@ def test_plan_figures_read_the_plan_in_use_without_a_next_plan():
 def test_the_ratio_is_of_steady_epochs():
     pair = {"ddp": {"epoch_s": [9.0, 9.0, 3.0, 3.0]}, "hetero": {"epoch_s": [5.0, 1.0, 2.0, 2.0]}}
     assert ratio(pair, skip=2) == 1.5
+
+
+def test_the_expected_step_averages_the_slowest_rank_over_every_stall_pattern():
+    costs, plan = [0.005, 0.0075], [32, 32]  # 160 and 240 ms
+    assert expected_step_s(costs, plan, 0.0, 0.2) == pytest.approx(0.24)
+    assert expected_step_s(costs, plan, 1.0, 0.2) == pytest.approx(0.44)
+    # no stall 72.25%: 240; rank 0 alone 12.75%: 360; rank 1 stalled 15%: 440 ms
+    mean = 0.7225 * 0.24 + 0.1275 * 0.36 + 0.15 * 0.44
+    assert expected_step_s(costs, plan, 0.15, 0.2) == pytest.approx(mean)
+
+
+def test_the_ideal_ratio_is_ddps_mean_step_over_the_proportional_plans():
+    assert ideal("equal", 0.005, 0.15, 0.2) == 1.0
+    assert ideal("slower", 0.005, 0.0, 0.2) == pytest.approx(0.24 / 0.195)  # plan [38, 26]
+    # stalls the plan cannot avoid shrink the gain
+    assert 1.0 < ideal("slower", 0.005, 0.15, 0.2) < ideal("slower", 0.005, 0.0, 0.2)
+    assert round(ideal("slower", 0.005, 0.15, 0.2), 3) == 1.142

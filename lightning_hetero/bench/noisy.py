@@ -19,6 +19,7 @@ over the hetero run's:
 """
 
 import argparse
+import itertools
 import os
 import statistics
 import tempfile
@@ -27,8 +28,18 @@ from typing import Any
 
 from lightning_hetero.bench._format import spread
 from lightning_hetero.bench.run import run_pair
+from lightning_hetero.planning import proportional_split
 
-__all__ = ["CLUSTERS", "configs", "main", "plan_figures", "ratio", "target"]
+__all__ = [
+    "CLUSTERS",
+    "configs",
+    "expected_step_s",
+    "ideal",
+    "main",
+    "plan_figures",
+    "ratio",
+    "target",
+]
 
 #: Per-sample cost of each rank, in units of ``--cost``.
 CLUSTERS = {"slower": [1.0, 1.5], "equal": [1.0, 1.0]}
@@ -54,6 +65,30 @@ def target(cluster: str) -> list[float]:
     speeds = [1.0 / units for units in CLUSTERS[cluster]]
     total = BATCH_SIZE * len(speeds)
     return [total * s / sum(speeds) for s in speeds]
+
+
+def expected_step_s(costs: list[float], plan: list[int], stall_p: float, stall_s: float) -> float:
+    """The mean emulated step of ``plan``: the slowest rank's ``cost * b`` plus its stall,
+    over every combination of ranks stalling (each independently with ``stall_p``)."""
+    mean = 0.0
+    for stalled in itertools.product((False, True), repeat=len(costs)):
+        chance = 1.0
+        for s in stalled:
+            chance *= stall_p if s else 1.0 - stall_p
+        step = max(c * b + (stall_s if s else 0.0) for c, b, s in zip(costs, plan, stalled))
+        mean += chance * step
+    return mean
+
+
+def ideal(cluster: str, cost: float, stall_p: float, stall_s: float) -> float:
+    """DDP's mean emulated step over that of the rounded proportional plan (real compute left
+    out): the ratio of epoch times the emulation allows."""
+    costs = [cost * units for units in CLUSTERS[cluster]]
+    uniform = [BATCH_SIZE] * len(costs)
+    best = proportional_split([1.0 / c for c in costs], sum(uniform))
+    return expected_step_s(costs, uniform, stall_p, stall_s) / expected_step_s(
+        costs, best, stall_p, stall_s
+    )
 
 
 def plan_figures(
@@ -103,7 +138,11 @@ def main(argv: list[str] | None = None) -> None:
             goal, tolerance = target(cluster), tolerances[cluster]
             ratios, reached = [], []
             print(f"{cluster}: sample_cost {config['sample_cost']}, stalls {config['stalls']},")
-            print(f"  target {[round(g, 1) for g in goal]} within {tolerance:.0%}")
+            allowed = ideal(cluster, args.cost, args.stall_p, args.stall_s)
+            print(
+                f"  target {[round(g, 1) for g in goal]} within {tolerance:.0%};"
+                f" ideal DDP/hetero {allowed:.3f}x (emulated costs, stalls included)"
+            )
             for repeat in range(args.repeats):
                 pair = run_pair(config, repeat, Path(folder))
                 figures = plan_figures(pair["hetero"]["history"], goal, tolerance)
