@@ -293,3 +293,85 @@ def test_each_micro_batch_backward_costs_its_own_samples_and_the_fixed_cost(monk
     trainer.strategy.micro_batch_samples = None  # a step run whole: its batch
     throttle.on_before_backward(trainer, None, None)
     assert slept[-1] == pytest.approx(0.102)
+
+
+def test_stalls_are_seeded_by_seed_rank_and_step_alone():
+    def pattern(seed, rank, throttle=None):
+        throttle = throttle or Throttle([0.1, 0.2], stalls=(0.3, 0.2), seed=seed)
+        return [throttle.stall_s(rank, step) for step in range(200)]
+
+    assert pattern(0, 0) == pattern(0, 0)
+    assert pattern(0, 0) != pattern(0, 1)
+    assert pattern(0, 0) != pattern(1, 0)
+    assert set(pattern(0, 0)) == {0.0, 0.2}
+    # noise draws in between change nothing: the step is looked up, not the next draw
+    noisy = Throttle([0.1, 0.2], noise=0.3, stalls=(0.3, 0.2))
+    for _ in range(7):
+        noisy.noise_factor(0)
+    assert pattern(0, 0, noisy) == pattern(0, 0)
+
+
+@pytest.mark.parametrize("probability", [0.05, 0.15, 0.5])
+def test_the_fraction_of_stalled_steps_is_the_probability(probability):
+    throttle = Throttle([0.1], stalls=(probability, 0.2), seed=4)
+    stalled = [throttle.stall_s(0, step) for step in range(4000)]
+    assert sum(s > 0 for s in stalled) / len(stalled) == pytest.approx(probability, abs=0.02)
+    assert set(stalled) == {0.0, 0.2}
+
+
+def test_stalls_per_rank():
+    throttle = Throttle([0.1, 0.2], stalls=[(0.0, 0.5), (1.0, 0.25)])
+    assert {throttle.stall_s(0, step) for step in range(50)} == {0.0}
+    assert {throttle.stall_s(1, step) for step in range(50)} == {0.25}
+    assert Throttle([0.1]).stall_s(0, 3) == 0.0  # none by default
+    assert Throttle([0.1], stalls=[0.5, 0.0]).stall_s(0, 3) == 0.0  # zero seconds: no draw
+
+
+def test_a_stall_is_slept_once_per_optimizer_step_in_the_compute_delay(monkeypatch):
+    slept = _record_sleeps(monkeypatch)
+    throttle = Throttle([0.1, 0.2], load_cost=0.01, stalls=[(0.0, 0.0), (1.0, 0.25)])
+    per_hook = _step_sleeps(throttle, _trainer(rank=1, step=3), 10, slept)
+    assert per_hook["on_train_batch_start"] == [pytest.approx(0.1)]  # loading: no stall
+    assert per_hook["on_before_backward"] == [pytest.approx(2.0 + 0.25)]
+    # a second backward of the step (a micro-batch) and a second batch of the same
+    # global_step (gradient accumulation) do not stall again
+    throttle.on_before_backward(_trainer(rank=1, step=3), None, None)
+    assert slept[-1] == pytest.approx(2.0)
+    again = _step_sleeps(throttle, _trainer(rank=1, step=3), 10, slept)
+    assert again["on_before_backward"] == [pytest.approx(2.0)]
+    nxt = _step_sleeps(throttle, _trainer(rank=1, step=4), 10, slept)
+    assert nxt["on_before_backward"] == [pytest.approx(2.25)]
+
+
+def test_the_stalled_steps_are_those_stall_s_draws(monkeypatch):
+    slept = _record_sleeps(monkeypatch)
+    throttle = Throttle([0.0, 0.0], stalls=(0.3, 0.2), seed=2)
+    per_step = [
+        sum(_step_sleeps(throttle, _trainer(rank=1, step=step), 10, slept)["on_before_backward"])
+        for step in range(60)
+    ]
+    assert per_step == [throttle.stall_s(1, step) for step in range(60)]
+    assert 0 < sum(s > 0 for s in per_step) < 60
+    stalled = per_step.index(0.2)
+    before = len(slept)
+    throttle.emulate_step(_trainer(rank=1, step=stalled), torch.zeros(5, 3))  # probes: none
+    assert slept[before:] == []
+
+
+@pytest.mark.parametrize(
+    ("stalls", "match"),
+    [
+        ((1.5, 0.2), r"`stalls` must be a pair \(probability in \[0, 1\], seconds >= 0\)"),
+        ((0.1, -0.2), r"`stalls` must be .* got \(0.1, -0.2\)"),
+        ((0.1,), r"`stalls` must be .* got \(0.1,\)"),
+        (0.1, "`stalls` must be .* got 0.1"),
+        ([], r"`stalls` must be .* got \[\]"),
+        ([(0.1, 0.2), (0.1, float("nan"))], "`stalls` must be"),
+        ("0.1,0.2", "`stalls` must be"),
+        ([(0.1, 0.2)] * 3, "`stalls` has 3 entries but `sample_cost` has 2"),
+    ],
+    ids=str,
+)
+def test_bad_stalls_are_refused_saying_what_was_expected(stalls, match):
+    with pytest.raises(ValueError, match=match):
+        Throttle([0.1, 0.2], stalls=stalls)

@@ -53,11 +53,13 @@ class RunConfig:
     throttle_unit: str = "epoch"  # what the keys of a sample_cost mapping count: epoch or step
     # Throttle's other costs (a number for every rank or one per rank): seconds per sample of
     # loading on the training thread, seconds per step, the least compute delay per step;
-    # noise: relative standard deviation of every delay (seeded with `seed`)
+    # noise: relative standard deviation of every delay; stalls: [probability, seconds] (or
+    # one pair per rank) of a stall at an optimizer step (both seeded with `seed`)
     load_cost: float | list[float] = 0.0
     step_cost: float | list[float] = 0.0
     floor: float | list[float] = 0.0
     noise: float = 0.0
+    stalls: list[float] | list[list[float]] = field(default_factory=lambda: [0.0, 0.0])
     epochs: int = 4
     batch_size: int = 32  # per rank under uniform DDP; B = batch_size * workers
     controller: str = "proportional"
@@ -335,6 +337,7 @@ def run(config: RunConfig) -> dict[str, Any]:
     if (
         config.sample_cost is not None
         or config.noise != 0
+        or config.stalls != [0.0, 0.0]
         or any(isinstance(value, list) or value != 0 for value in per_rank)
     ):
         cost: Any = config.sample_cost
@@ -349,6 +352,7 @@ def run(config: RunConfig) -> dict[str, Any]:
             step_cost=config.step_cost,
             floor=config.floor,
             noise=config.noise,
+            stalls=config.stalls,
             seed=config.seed,
         )
         callbacks.append(throttle)

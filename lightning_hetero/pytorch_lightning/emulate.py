@@ -23,6 +23,36 @@ def _number(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _stall_pair(value: Any) -> bool:
+    """Whether ``value`` is one ``(probability in [0, 1], seconds >= 0)`` pair."""
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, (str, bytes))
+        and len(value) == 2
+        and all(_number(v) for v in value)
+        and 0 <= value[0] <= 1
+        and value[1] >= 0
+    )
+
+
+def _stalls(value: Any) -> tuple[float, float] | list[tuple[float, float]]:
+    """``value`` as one ``(probability, seconds)`` pair for every rank or a list of pairs,
+    one per rank."""
+    if _stall_pair(value):
+        return (float(value[0]), float(value[1]))
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, (str, bytes))
+        and value
+        and all(_stall_pair(v) for v in value)
+    ):
+        return [(float(p), float(s)) for p, s in value]
+    raise ValueError(
+        "`stalls` must be a pair (probability in [0, 1], seconds >= 0) for every rank or a"
+        f" non-empty sequence of such pairs (one per rank), got {value!r}."
+    )
+
+
 def _per_rank(name: str, value: Any) -> float | list[float]:
     """``value`` as one number for every rank or a list with one per rank, each >= 0."""
     if _number(value) and value >= 0:
@@ -58,7 +88,9 @@ class Throttle(Callback):
     ``load_cost[k] * b`` in ``on_train_batch_start`` (before the forward, where
     ``DataLoader(num_workers=0)`` loads) and ``max(floor[k], sample_cost[k] * b) +
     step_cost[k]`` in ``on_before_backward``; see
-    [`delay_s`][lightning_hetero.pytorch_lightning.emulate.Throttle.delay_s]. A step that the hetero
+    [`delay_s`][lightning_hetero.pytorch_lightning.emulate.Throttle.delay_s]. With ``stalls`` a rank also
+    sleeps ``seconds`` more in the first backward of some optimizer steps (see
+    [`stall_s`][lightning_hetero.pytorch_lightning.emulate.Throttle.stall_s]). A step that the hetero
     strategy runs as micro-batches (``micro_batch_size``) has one backward per micro-batch,
     each charged its own samples, ``floor`` and ``step_cost``, as the batches of Lightning's
     gradient accumulation are under DDP.
@@ -80,7 +112,14 @@ class Throttle(Callback):
             also before the first entry of a ``sample_cost`` mapping.
         noise: relative standard deviation of every delay: each is multiplied by
             ``max(0.05, 1 + N(0, noise))``.
-        seed: seed of the noise, combined with the global rank (runs repeat, ranks differ).
+        stalls: ``(probability, seconds)``: at each optimizer step, with ``probability``,
+            the rank stalls ``seconds`` more in its compute delay (another job's burst, a
+            page fault, a GC pause: the heavy-tailed delays of a busy node, without noise);
+            one pair for every rank or one per rank. Whether a step stalls is drawn from
+            ``seed``, the global rank and the trainer's ``global_step`` alone, so runs with
+            any strategy stall at the same steps.
+        seed: seed of the noise and the stalls, combined with the global rank (runs repeat,
+            ranks differ).
 
     Example:
         >>> Throttle(sample_cost=[0.004, 0.004, 0.006, 0.0015]).cost(rank=2, epoch=0)
@@ -94,6 +133,9 @@ class Throttle(Callback):
         (0.032, 0.148)
         >>> throttle.delay_s(rank=1, when=0, batch_size=16)  # 0.002 * 16 is below the floor
         (0.016, 0.08)
+        >>> stalling = Throttle([0.004, 0.006], stalls=(0.15, 0.2))
+        >>> sum(stalling.stall_s(rank=1, step=s) > 0 for s in range(1000))  # about 15%
+        148
     """
 
     def __init__(
@@ -105,6 +147,7 @@ class Throttle(Callback):
         step_cost: float | Sequence[float] = 0.0,
         floor: float | Sequence[float] = 0.0,
         noise: float = 0.0,
+        stalls: tuple[float, float] | Sequence[tuple[float, float]] = (0.0, 0.0),
         seed: int = 0,
     ) -> None:
         if unit not in ("epoch", "step"):
@@ -112,6 +155,7 @@ class Throttle(Callback):
         self.load_cost = _per_rank("load_cost", load_cost)
         self.step_cost = _per_rank("step_cost", step_cost)
         self.floor = _per_rank("floor", floor)
+        self.stalls = _stalls(stalls)
         if not (_number(noise) and noise >= 0):
             raise ValueError(
                 f"`noise` must be a number >= 0 (a relative standard deviation), got {noise!r}."
@@ -145,11 +189,13 @@ class Throttle(Callback):
                 )
         self._batch_size = 0
         self._rngs: dict[int, random.Random] = {}
+        self._stall_step: int | None = None  # the optimizer step whose stall was drawn
+        self._stall_due = 0.0  # seconds of that stall not yet slept
 
     def _widths(self) -> dict[str, int]:
         """How many ranks each per-rank option has an entry for (numbers fit any)."""
         widths = {"sample_cost": len(next(iter(self.schedule.values())))}
-        for name in ("load_cost", "step_cost", "floor"):
+        for name in ("load_cost", "step_cost", "floor", "stalls"):
             value = getattr(self, name)
             if isinstance(value, list):
                 widths[name] = len(value)
@@ -184,6 +230,17 @@ class Throttle(Callback):
     def _of(rank: int, value: float | list[float]) -> float:
         return value[rank] if isinstance(value, list) else value
 
+    def stall_s(self, rank: int, step: int) -> float:
+        """Seconds ``rank`` stalls at optimizer step ``step`` (``global_step``): the pair's
+        ``seconds`` with its ``probability``, else 0. A draw of its own per ``seed``, rank
+        and step, so the pattern does not depend on how many delays the strategy sleeps
+        (micro-batches, probes) and repeats across runs."""
+        probability, seconds = self.stalls[rank] if isinstance(self.stalls, list) else self.stalls
+        if probability == 0 or seconds == 0:
+            return 0.0
+        draw = random.Random(f"lightning_hetero.Throttle.stall:{self.seed}:{rank}:{step}")
+        return seconds if draw.random() < probability else 0.0
+
     def noise_factor(self, rank: int) -> float:
         """The next factor of ``rank``'s delays: ``max(0.05, 1 + N(0, noise))`` from a
         generator seeded with ``seed`` and ``rank``; 1.0 (nothing drawn) without noise."""
@@ -203,10 +260,19 @@ class Throttle(Callback):
             )
 
     @override
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._stall_step, self._stall_due = None, 0.0  # a new fit draws its steps afresh
+
+    @override
     def on_train_batch_start(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int
     ) -> None:
         self._batch_size = self._samples(trainer, batch, batch_idx)
+        # one draw per optimizer step: the batches of Lightning's gradient accumulation share
+        # a global_step, and only the step's first backward sleeps the stall
+        if trainer.global_step != self._stall_step:
+            self._stall_step = trainer.global_step
+            self._stall_due = self.stall_s(trainer.global_rank, trainer.global_step)
         self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, self._batch_size)[0]))
 
     @override
@@ -218,12 +284,14 @@ class Throttle(Callback):
         # gradient accumulation does under DDP
         micro = getattr(getattr(trainer, "strategy", None), "micro_batch_samples", None)
         samples = self._batch_size if micro is None else micro
-        self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, samples)[1]))
+        stall, self._stall_due = self._stall_due, 0.0
+        self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, samples)[1]) + stall)
 
     def emulate_step(self, trainer: "pl.Trainer", batch: Any, samples: int | None = None) -> None:
         """Sleep what a step on ``batch`` of ``samples`` samples (default: as Lightning reads
         the batch) costs this rank now, loading included: what a probe that times training
-        steps outside the loop adds to each, as the loop's hooks would."""
+        steps outside the loop adds to each, as the loop's hooks would (stalls aside: they
+        belong to the loop's optimizer steps)."""
         rank = trainer.global_rank
         samples = extract_batch_size(batch) if samples is None else samples
         load_s, compute_s = self._delays(trainer, samples)
