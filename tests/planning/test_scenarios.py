@@ -101,7 +101,11 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("stepwise", "gpu"): Expected(0.96, 70, (12, 18), stretch=4),
     # the capped rank stops being the leader at 94 samples (memory use 0.98 >= 0.95)
     ("stepwise", "memory"): Expected(0.90, NEVER, (8, 14), stretch=4),
-    # no dead-band in paper 004: small moves go on under noise
+    # no dead-band in paper 004: small moves go on under noise. On HL4 the gain of 0.5 asks
+    # for less than half a sample once one sample off (1-2% on a rank of 32-49), which
+    # rounding drops: the median of every step leaves no noise to dither the plan on to the
+    # optimum, so seeds 0, 3, 4 and 9 of 0-9 stop one sample short (0.98; 1.00 under the
+    # EWMA, whose noise moved the plan at random)
     ("updates", "HL2"): Expected(0.98, 4, (3, 15)),
     ("updates", "HL4"): Expected(0.97, 6, (6, 15)),
     ("updates", "HL8"): Expected(0.96, 9, (8, 28)),
@@ -123,7 +127,7 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     # and stays one more boundary, reads as a per-step floor and holds the rank at its old
     # size for 10 boundaries: 0.81 against 0.84 mean steady efficiency over seeds 0-9.
     # Omnilearn's seed 6 never gets back to 0.95 in one phase.
-    ("proportional", "resources"): Expected(0.67, 60, (58, 89)),
+    ("proportional", "resources"): Expected(0.67, 60, (58, 88)),
     ("omnilearn", "resources"): Expected(0.65, 60, (62, 92)),
     ("stepwise", "resources"): Expected(0.55, NEVER, (2, 8)),
     ("updates", "resources"): Expected(0.75, 8, (90, 100)),
@@ -146,6 +150,9 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("lbbsp-last", "noisy"): Expected(0.94, 2, (1, 8)),
     ("lbbsp-last", "gpu"): Expected(0.96, 1, (1, 2)),
     ("lbbsp-last", "memory"): Expected(0.35, NEVER, (28, 30)),
+    # speeds change every interval: seed 0 reached 0.95 at boundary 4 under the EWMA by one
+    # sample ([73, 44, 48, 91], 0.956; now [73, 43, 48, 92], 0.946) and next at 29; seeds
+    # 1-9 and the mean steady efficiency (0.841) are unchanged
     ("lbbsp-last", "resources"): Expected(0.75, 29, (65, 90)),
     # a fixed cost per step (the "-fixed" scenarios, "gpu-flat"): proportional control reads
     # the fast workers as slower than they are and closes the gap in shrinking steps
@@ -171,6 +178,8 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("updates", "steps-fixed"): Expected(0.98, 11, (37, 52)),
     ("updates", "gpu-flat"): Expected(0.97, 6, (10, 15)),
     ("updates-deadband", "HL2-fixed"): Expected(0.97, 4, (3, 6)),
+    # the plan stops at true balance 0.958, inside the fixed 5% band, on seeds 0-9 (0.957);
+    # the EWMA's noise read it below 0.95 once later in the run and moved it on to 0.971
     ("updates-deadband", "HL4-fixed"): Expected(0.95, 7, (6, 10)),
     ("updates-deadband", "HL8-fixed"): Expected(0.95, 11, (10, 15)),
     ("updates-deadband", "steps-fixed"): Expected(0.97, 11, (28, 35)),
