@@ -59,13 +59,16 @@ def record_collectives(log: list[str]) -> None:
     """Append each of FSDP2's collectives (its all-gathers and reduce-scatters go through
     these two functions of ``torch.distributed``) to ``log`` as it is issued: its name and
     the elements of its output."""
+
+    def counted(name, original):
+        def collective(output, *args, **kwargs):
+            log.append(f"{name} {output.numel()}")
+            return original(output, *args, **kwargs)
+
+        return collective
+
     for name in ("all_gather_single", "reduce_scatter_single"):
-
-        def counted(output, *args, _original=getattr(dist, name), _name=name, **kwargs):
-            log.append(f"{_name} {output.numel()}")
-            return _original(output, *args, **kwargs)
-
-        setattr(dist, name, counted)
+        setattr(dist, name, counted(name, getattr(dist, name)))
 
 
 if __name__ == "__main__":
