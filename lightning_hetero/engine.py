@@ -7,7 +7,7 @@ Each strategy adds its constructor and how it wraps the model.
 """
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -104,10 +104,10 @@ def hetero_parts(
     training_mode = build_mode(mode, shared.controller, shared.deadband, options, modes=modes)
     if shared.micro_batch_size is not None and not training_mode.micro_batches:
         raise ValueError(
-            "`micro_batch_size` runs under HeteroStrategy(mode='bsp') only (not yet under"
-            f" HeteroFSDPStrategy, nor the modes 'async' and 'local'), got"
-            f" {training_mode.option_text()}: remove `micro_batch_size` (`max_batch_size`"
-            " bounds each rank's batch), or train with HeteroStrategy(mode='bsp')."
+            "`micro_batch_size` runs under HeteroStrategy(mode='bsp') and HeteroFSDPStrategy"
+            f" only (not the modes 'async' and 'local'), got {training_mode.option_text()}:"
+            " remove `micro_batch_size` (`max_batch_size` bounds each rank's batch), or train"
+            " with HeteroStrategy(mode='bsp')."
         )
     total = options.global_batch_size
     lower, upper = shared.min_batch_size, shared.max_batch_size
@@ -422,8 +422,8 @@ class HeteroEngine:
         module = self.lightning_module
 
         def training_step(batch: Any, batch_idx: int) -> Any:
-            if sharded:
-                return self.training_step(batch, batch_idx)
+            if sharded:  # one batch, never micro-batches: a probe measures one step
+                return self._training_step(batch, batch_idx)
             with self.precision_plugin.train_step_context():
                 return module.training_step(batch, batch_idx)
 
@@ -525,12 +525,27 @@ class HeteroEngine:
         micro-batch (the others run after its backward, see ``_rest_after``)."""
         sizes = self._step_micro_sizes()
         if sizes is None:
-            return super().training_step(*args, **kwargs)
+            return self._training_step(*args, **kwargs)
         batch, other = args[0], args[1:]
         first, *rest = split_batch(batch, sum(sizes), sizes)
         self._micro_whole = (batch, self.training_mode.share)
         self._micro_rest = [(part, n, other, kwargs) for part, n in zip(rest, sizes[1:])]
         return self._micro_step(first, sizes[0], other, kwargs, last=False)
+
+    def _training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """One Lightning training step on the batch given (a strategy replaces it where the
+        step runs otherwise: ``HeteroFSDPStrategy``)."""
+        return super().training_step(*args, **kwargs)
+
+    def _micro_forward(self, last: bool) -> AbstractContextManager[Any]:
+        """Around a micro-batch's forward: all but the step's ``last`` run without DDP's
+        gradient synchronization (DDP decides in the forward whether the backward reduces;
+        ``HeteroFSDPStrategy`` holds its switches across the micro-batches instead)."""
+        return nullcontext() if last else self.block_backward_sync()
+
+    def _micro_failed(self) -> None:
+        """A step's micro-batches stopped before their last (an error): undo what
+        ``_micro_forward`` left set across them (DDP: nothing)."""
 
     def _step_micro_sizes(self) -> list[int] | None:
         """The sizes of this step's micro-batches; ``None``: the step runs as one batch."""
@@ -545,31 +560,34 @@ class HeteroEngine:
         self, batch: Any, samples: int, other: tuple[Any, ...], kwargs: dict[str, Any], last: bool
     ) -> Any:
         """The training step of one micro-batch of ``samples``: its loss will weigh
-        ``samples / B``; all but the step's last run without DDP's gradient synchronization
-        (DDP decides in the forward whether the backward reduces)."""
+        ``samples / B``; only the step's last backward communicates (``_micro_forward``)."""
         assert self._micro_whole is not None
         self.training_mode.share = (samples, self._micro_whole[1][1])
         self.micro_batch_samples = samples
         set_logged_batch(self.lightning_module.trainer, batch)  # self.log weighs its samples
-        with nullcontext() if last else self.block_backward_sync():
-            return super().training_step(batch, *other, **kwargs)
+        with self._micro_forward(last):
+            return self._training_step(batch, *other, **kwargs)
 
     def _rest_after(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
         """``closure`` (the first micro-batch's step, zero-grad and backward), then the
         forward and backward of each of the step's other micro-batches."""
 
         def run() -> Any:
-            result = closure()
-            rest, self._micro_rest = self._micro_rest, []
-            if self._micro_whole is None:
-                return result  # the step ran as one batch
-            module = self.lightning_module
-            for index, (batch, samples, other, kwargs) in enumerate(rest):
-                last = index == len(rest) - 1
-                with running_hook(module, "training_step"):
-                    output = self._micro_step(batch, samples, other, kwargs, last=last)
-                with running_hook(module, "backward"):
-                    self.backward(step_loss(output), optimizer)
+            try:
+                result = closure()
+                rest, self._micro_rest = self._micro_rest, []
+                if self._micro_whole is None:
+                    return result  # the step ran as one batch
+                module = self.lightning_module
+                for index, (batch, samples, other, kwargs) in enumerate(rest):
+                    last = index == len(rest) - 1
+                    with running_hook(module, "training_step"):
+                        output = self._micro_step(batch, samples, other, kwargs, last=last)
+                    with running_hook(module, "backward"):
+                        self.backward(step_loss(output), optimizer)
+            except BaseException:
+                self._micro_failed()
+                raise
             # as the step's start left them: its share, and the whole batch for logging
             whole, self.training_mode.share = self._micro_whole
             self._micro_whole = self.micro_batch_samples = None

@@ -36,3 +36,19 @@ def test_the_unit_scales_every_emulated_cost_and_keeps_the_ideal():
     shared, _ = configs(unit=0.005)
     assert shared["sample_cost"] == pytest.approx([0.005, 0.015])
     assert shared["step_cost"] == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize(("flags", "sharded"), [([], False), (["--fsdp"], True)])
+def test_fsdp_runs_the_pair_sharded(monkeypatch, capsys, flags, sharded):
+    from lightning_hetero.bench import micro
+
+    calls = []
+
+    def pair(shared, repeat, folder, hetero_options, sharded):
+        calls.append(sharded)
+        return {k: {"epoch_s": [1.0] * 3, "batch_sizes": [24, 8]} for k in ("ddp", "hetero")}
+
+    monkeypatch.setattr(micro, "run_pair", pair)
+    micro.main(["--repeats", "1", *flags])
+    assert calls == [sharded]
+    assert ("HeteroFSDPStrategy" in capsys.readouterr().out) is sharded

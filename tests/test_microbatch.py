@@ -5,7 +5,7 @@ import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
+from lightning_hetero import HeteroStrategy
 from lightning_hetero.microbatch import micro_bounds, micro_sizes, split_batch, step_loss
 
 
@@ -65,11 +65,6 @@ def test_a_list_with_the_wrong_number_of_ranks_is_refused_with_the_count():
 def test_modes_without_micro_batches_refuse_the_option(mode):
     with pytest.raises(ValueError, match=f"`micro_batch_size` runs under.*mode='{mode}'"):
         HeteroStrategy(mode=mode, micro_batch_size=4)
-
-
-def test_the_sharded_strategy_refuses_micro_batches_until_they_are_exact_there():
-    with pytest.raises(ValueError, match="not yet under HeteroFSDPStrategy"):
-        HeteroFSDPStrategy(micro_batch_size=4)
 
 
 @pytest.mark.parametrize(("given", "expected"), [("[2, 8]", [2, 8]), ("4", 4), ("auto", "auto")])

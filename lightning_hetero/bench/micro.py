@@ -15,6 +15,9 @@ swamp that, so ``--unit`` scales every emulated cost. Both run back to back in e
 repeat:
 
     python -m lightning_hetero.bench.micro --repeats 3 --unit 0.005
+
+``--fsdp``: the same under FSDP2, Lightning's ``ModelParallelStrategy`` with the same
+accumulation against ``HeteroFSDPStrategy`` with the same options (CPU ranks, gloo).
 """
 
 import argparse
@@ -67,16 +70,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--unit", type=float, default=0.001, help="seconds per cost unit")
+    parser.add_argument(
+        "--fsdp", action="store_true", help="FSDP2: ModelParallelStrategy vs HeteroFSDPStrategy"
+    )
     args = parser.parse_args(argv)
     shared, hetero = configs(args.epochs, args.unit)
     ratios, plans = [], []
     with tempfile.TemporaryDirectory() as folder:
         for repeat in range(args.repeats):
-            pair = run_pair(shared, repeat, Path(folder), hetero_options=hetero)
+            pair = run_pair(shared, repeat, Path(folder), hetero_options=hetero, sharded=args.fsdp)
             ratios.append(ratio(pair))
             plans.append(pair["hetero"]["batch_sizes"])
     low, mid, high = min(ratios), statistics.median(ratios), max(ratios)
-    print(f"DDP + accumulation / hetero micro-batches, steady epoch time (ideal {IDEAL:.2f}x):")
+    base, ours = ("FSDP2", "HeteroFSDPStrategy") if args.fsdp else ("DDP", "hetero")
+    print(f"{base} + accumulation / {ours} micro-batches, steady epoch time (ideal {IDEAL:.2f}x):")
     print(f"  min {low:.2f}x  median {mid:.2f}x  max {high:.2f}x  ({mid / IDEAL:.0%} of ideal)")
     print(f"  ratios {[round(r, 3) for r in ratios]}; last plans {plans}")
 

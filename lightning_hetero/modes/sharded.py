@@ -137,6 +137,7 @@ class ShardedMode(Mode):
     wraps_model: ClassVar[bool] = True  # ``wrap`` shards it
     replans_within_epoch: ClassVar[bool] = True
     probe_steps_communicate: ClassVar[bool] = True
+    micro_batches: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -2,6 +2,7 @@
 # fmt: off
 """HeteroFSDPStrategy: sharded data parallelism (FSDP2) in which every rank has its own batch."""
 
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -13,6 +14,7 @@ from pytorch_lightning.strategies import ModelParallelStrategy
 from pytorch_lightning.trainer.states import TrainerFn
 from typing_extensions import override
 
+from lightning_hetero._fsdp_accumulate import UnshardedAccumulation
 from lightning_hetero.pytorch_lightning._lightning import model_parallel_setup
 from lightning_hetero._namespaces import SameCopy
 from lightning_hetero._options import keywords, refuse_unknown
@@ -59,9 +61,11 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     The other options (``controller``, ``batch_sizes``, ``global_batch_size``,
     ``min_batch_size``, ``max_batch_size``, ``memory_safety``, ``probe_batch_sizes``,
     ``deadband``, ``revert_slower``, ``smoothing``, ``adjust_every``, ``shuffle``) mean what
-    they mean for [`HeteroStrategy`][lightning_hetero.HeteroStrategy]. ``micro_batch_size`` is
-    refused
-    here for now (its FSDP2 form is not built yet): bound each rank with ``max_batch_size``.
+    they mean for [`HeteroStrategy`][lightning_hetero.HeteroStrategy]. ``micro_batch_size``
+    (an int, or one per rank; not ``"auto"``) runs a rank's share as micro-batches with the
+    collectives of one FSDP step: from the step's first forward to its last, every unit's
+    parameters stay gathered and its gradients unsharded (see
+    [Memory-bound ranks](../memory.md)).
     """
 
     strategy_name = "hetero_fsdp"
@@ -115,6 +119,15 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
                 f"HeteroFSDPStrategy runs mode='bsp' only (sharded training is synchronous),"
                 f" got mode={mode!r}; for {mode!r} use HeteroStrategy(mode={mode!r})."
             )
+        if micro_batch_size == "auto":
+            raise ValueError(
+                "HeteroFSDPStrategy takes `micro_batch_size` as an int or one int per rank, not"
+                " 'auto': the memory probe measures one FSDP step, in which each unit's"
+                " parameters are gathered only while it runs, but micro-batches hold every"
+                " unit's parameters and gradients unsharded for the whole step, so its bound"
+                " would not fit. Give each rank's bound (e.g. micro_batch_size=[8, 2]), or use"
+                " max_batch_size='auto' without micro-batches."
+            )
         if shard_modules is not None and not all(isinstance(n, str) for n in shard_modules):
             raise TypeError(f"`shard_modules` must be a list of class names, got {shard_modules}.")
         shared = HeteroOptions.pick(locals())
@@ -128,6 +141,7 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
             timeout=timeout,
         )
         self.mode, self.shard_modules = mode, shard_modules
+        self._accumulation = UnshardedAccumulation()
         self._start_hetero(training_mode, plan_state, shared)
 
     @override
@@ -157,9 +171,23 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     # FSDP's hooks gather the root's parameters whatever the step calls: Lightning's own
     # redirection runs only when the wrapped model is another object than the module.
     @override
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+    def _training_step(self, *args: Any, **kwargs: Any) -> Any:
         with self.precision_plugin.train_step_context():
             return self.training_mode.redirect(self.model, "training_step", *args, **kwargs)
+
+    @override
+    def _micro_forward(self, last: bool) -> AbstractContextManager[Any]:
+        # FSDP decides in the forward (reshard after it?) and in the backward (reduce-scatter,
+        # reshard after it?): the switches stay held from the first micro-batch to the last
+        if last:
+            self._accumulation.release()
+        else:
+            self._accumulation.hold(self.model)
+        return nullcontext()
+
+    @override
+    def _micro_failed(self) -> None:
+        self._accumulation.release(reshard=True)
 
     @override
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:

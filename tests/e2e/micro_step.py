@@ -1,7 +1,9 @@
 """SGD steps on gloo ranks that run their shares as micro-batches; rank 0 saves the result.
 
-usage: python micro_step.py OUT_PATH PLAN BOUNDS CLIP PRECISION STEPS
-(PLAN, BOUNDS: JSON lists, one entry per rank; CLIP: 0 for none)
+usage: python micro_step.py OUT_PATH PLAN BOUNDS CLIP PRECISION STEPS [STRATEGY]
+(PLAN, BOUNDS: JSON lists, one entry per rank; CLIP: 0 for none; STRATEGY: ``ddp``, the
+default, or ``fsdp`` (``HeteroFSDPStrategy``, the deep model: each Linear a unit) or
+``fsdp_root`` (the deep model sharded as one root unit))
 """
 
 import json
@@ -9,9 +11,11 @@ import sys
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_hetero import HeteroStrategy
+from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
 
 
 def dataset(samples: int) -> TensorDataset:
@@ -21,15 +25,18 @@ def dataset(samples: int) -> TensorDataset:
     )
 
 
-def initial_layer() -> torch.nn.Linear:
+def initial_layer(deep: bool = False) -> torch.nn.Module:
+    """One linear layer, or (``deep``) two with a nonlinearity between them (FSDP's units)."""
     torch.manual_seed(0)
+    if deep:
+        return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     return torch.nn.Linear(5, 1)
 
 
 class Regression(pl.LightningModule):
-    def __init__(self, samples: int) -> None:
+    def __init__(self, samples: int, deep: bool = False) -> None:
         super().__init__()
-        self.layer = initial_layer()
+        self.layer = initial_layer(deep)
         self.samples = samples
         self.seen: list[int] = []
 
@@ -48,17 +55,38 @@ class Regression(pl.LightningModule):
         return DataLoader(dataset(self.samples), batch_size=4, shuffle=False)
 
 
+def record_collectives(log: list[str]) -> None:
+    """Append each of FSDP2's collectives (its all-gathers and reduce-scatters go through
+    these two functions of ``torch.distributed``) to ``log`` as it is issued: its name and
+    the elements of its output."""
+
+    def counted(name, original):
+        def collective(output, *args, **kwargs):
+            log.append(f"{name} {output.numel()}")
+            return original(output, *args, **kwargs)
+
+        return collective
+
+    for name in ("all_gather_single", "reduce_scatter_single"):
+        setattr(dist, name, counted(name, getattr(dist, name)))
+
+
 if __name__ == "__main__":
     out, plan, bounds = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     clip, precision, steps = float(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+    kind = sys.argv[7] if len(sys.argv) > 7 else "ddp"
     torch.set_num_threads(1)
+    # the expected gradients slice the data in order
+    options = dict(batch_sizes=plan, controller="static", shuffle=False, micro_batch_size=bounds)
+    if kind == "ddp":
+        strategy = HeteroStrategy(**options)
+    else:
+        units = ["Linear"] if kind == "fsdp" else None
+        strategy = HeteroFSDPStrategy(shard_modules=units, **options)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=len(plan),
-        # the expected gradients slice the data in order
-        strategy=HeteroStrategy(
-            batch_sizes=plan, controller="static", shuffle=False, micro_batch_size=bounds
-        ),
+        strategy=strategy,
         precision=precision,
         gradient_clip_val=clip or None,
         max_steps=steps,
@@ -66,11 +94,20 @@ if __name__ == "__main__":
         enable_checkpointing=False,
         enable_model_summary=False,
     )
-    model = Regression(sum(plan))
+    model = Regression(sum(plan), deep=kind != "ddp")
+    collectives: list[str] = []  # FSDP's, on this rank, in order
+    if kind != "ddp":
+        record_collectives(collectives)
     trainer.fit(model)
     seen = trainer.strategy.gather_objects(model.seen)
-    if trainer.global_rank == 0:
+    collectives = trainer.strategy.gather_objects(collectives)
+    if kind == "ddp":
         state = {k: v.clone() for k, v in model.layer.state_dict().items()}
+    else:  # the full parameters, gathered from the shards (a collective: every rank)
+        full = get_model_state_dict(model.layer, options=StateDictOptions(full_state_dict=True))
+        state = {k: v.detach().clone() for k, v in full.items()}
+    if trainer.global_rank == 0:
         metric = float(trainer.callback_metrics["target_mean"])
-        torch.save({"state": state, "seen": seen, "target_mean": metric}, out)
+        result = {"state": state, "seen": seen, "target_mean": metric}
+        torch.save({**result, "collectives": collectives}, out)
     torch.distributed.destroy_process_group()

@@ -12,11 +12,11 @@ from tests.e2e.micro_step import dataset, initial_layer
 pytestmark = pytest.mark.e2e
 
 
-def reference(plan, bounds, steps, clip=0.0, bf16=False, lr=0.1):
+def reference(plan, bounds, steps, clip=0.0, bf16=False, lr=0.1, deep=False):
     """``steps`` SGD steps on the union batch, each the gradient of its mean loss (with
     autocast: the sum of each micro-batch's gradient weighted by its samples / B)."""
     x, y = dataset(sum(plan)).tensors
-    layer = initial_layer()
+    layer = initial_layer(deep)
     params = list(layer.parameters())
     total = sum(plan)
     for _ in range(steps):
@@ -39,9 +39,9 @@ def reference(plan, bounds, steps, clip=0.0, bf16=False, lr=0.1):
     return layer.state_dict(), y.mean().item()
 
 
-def run(tmp_path, plan, bounds, clip=0.0, precision="32-true", steps=2):
+def run(tmp_path, plan, bounds, clip=0.0, precision="32-true", steps=2, kind="ddp"):
     out = tmp_path / "micro.pt"
-    args = [json.dumps(plan), json.dumps(bounds), str(clip), precision, str(steps)]
+    args = [json.dumps(plan), json.dumps(bounds), str(clip), precision, str(steps), kind]
     run_script("micro_step.py", str(out), *args)
     return torch.load(out)
 
@@ -86,3 +86,38 @@ def test_a_resumed_run_keeps_the_plan_and_the_bounds_and_stays_exact(tmp_path):
     expected, _ = reference(plan, bounds, steps=2)
     for name, value in expected.items():
         torch.testing.assert_close(got["state"][name], value, atol=1e-5, rtol=0)
+
+
+# FSDP2's collectives in one ordinary step, in order, with the elements of each output (2
+# ranks; dim 0 padded to even shards: Linear(5, 4) gathers 20 + 4, Linear(4, 1) 2 x 4 + 2).
+# Each Linear a unit: the forward gathers both, the backward the second and (prefetch) the
+# first, then reduce-scatters each. The model as one root unit: the root stays gathered from
+# forward to backward.
+ONE_STEP = {
+    "fsdp": [f"all_gather_single {n}" for n in (24, 10, 10, 24)]
+    + ["reduce_scatter_single 5", "reduce_scatter_single 12"],
+    "fsdp_root": ["all_gather_single 34", "reduce_scatter_single 17"],
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "precision", "clip", "tolerance"),
+    [("fsdp", "32-true", 0.0, 1e-5), ("fsdp_root", "bf16-mixed", 0.05, 2e-3)],
+)
+def test_sharded_micro_batches_eight_beside_one_issue_one_steps_collectives_exactly(
+    tmp_path, kind, precision, clip, tolerance
+):
+    """HeteroFSDPStrategy: rank 0 runs 8 micro-batches, rank 1 one; both issue the
+    collectives of one ordinary step (else they would hang: the run has a timeout), and the
+    step is one step on the union batch."""
+    plan, bounds, steps = [16, 4], [2, 4], 2
+    got = run(tmp_path, plan, bounds, clip=clip, precision=precision, steps=steps, kind=kind)
+    assert got["seen"] == [[2] * 8 * steps, [4] * steps]
+    assert got["collectives"] == [ONE_STEP[kind] * steps] * 2
+    bf16 = precision == "bf16-mixed"
+    expected, _ = reference(plan, bounds, steps=steps, clip=clip, bf16=bf16, deep=True)
+    assert got["state"].keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(got["state"][name], value, atol=tolerance, rtol=0, msg=name)
+    start = initial_layer(deep=True).state_dict()  # the steps moved the parameters
+    assert any((got["state"][n] - start[n]).abs().max() > 1e-3 for n in start)

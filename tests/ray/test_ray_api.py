@@ -116,6 +116,14 @@ def test_options_that_ray_owns_are_refused_with_where_they_go() -> None:
         RayHeteroFSDPStrategy(process_group_backend="gloo")
 
 
+def test_micro_batches_are_the_plain_strategies_on_ray() -> None:
+    # RayHeteroFSDPStrategy is HeteroFSDPStrategy's micro-batches, "auto" refused as there
+    assert RayHeteroStrategy(micro_batch_size="auto").micro_batch_size == "auto"
+    assert RayHeteroFSDPStrategy(micro_batch_size=[2, 8]).micro_batch_size == [2, 8]
+    with pytest.raises(ValueError, match="not 'auto'.*unsharded"):
+        RayHeteroFSDPStrategy(micro_batch_size="auto")
+
+
 def test_pytorch_lightning_is_refused_with_the_copy_ray_uses() -> None:
     pytorch_lightning = pytest.importorskip("pytorch_lightning")
     with pytest.raises(TypeError, match=r"RayHeteroStrategy is built on lightning\.pytorch.*Ray"):

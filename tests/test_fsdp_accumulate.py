@@ -1,0 +1,101 @@
+"""Micro-batches under HeteroFSDPStrategy on one process: FSDP2's switches held from a
+step's first micro-batch to its last, restored after, and the step exact."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from lightning_hetero import HeteroFSDPStrategy
+from lightning_hetero._fsdp import fsdp_param_groups
+from lightning_hetero._fsdp_accumulate import HELD, SWITCHES
+
+BATCH, BOUND = 8, 3  # one step of 8 samples as micro-batches of 3, 3 and 2
+
+
+def _initial() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def _switches(module: torch.nn.Module) -> list[dict]:
+    return [{name: getattr(g, name) for name in SWITCHES} for g in fsdp_param_groups(module)]
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Deep(BoringModel):
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.layer = _initial()
+        self.fail_at = fail_at
+        self.seen: list[int] = []
+        self.switches: list[list[dict]] = []  # at each micro-batch's forward
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(len(batch))
+        if len(self.seen) == self.fail_at:
+            raise _Stop
+        self.switches.append(_switches(self))
+        return self.layer(batch).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        data = torch.randn(BATCH, 32, generator=torch.Generator().manual_seed(1))
+        return torch.utils.data.DataLoader(data, batch_size=BATCH)
+
+
+def _fit(model: _Deep) -> HeteroFSDPStrategy:
+    strategy = HeteroFSDPStrategy(micro_batch_size=BOUND, shard_modules=["Linear"])
+    trainer = pl.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+    )
+    trainer.fit(model)
+    return strategy
+
+
+def test_the_switches_are_held_until_the_last_micro_batch_and_the_step_is_exact():
+    model = _Deep()
+    _fit(model)
+    assert model.seen == [3, 3, 2]
+    held = [HELD] * 2  # both Linear units
+    own = model.switches[-1]  # the last micro-batch runs with each unit's own values
+    assert model.switches[:2] == [held, held] and own != held
+    assert all(s["reduce_grads"] and s["post_forward_mesh_info"] is not None for s in own)
+    assert _switches(model) == own  # and the step leaves them so
+    expected = _initial()
+    data = next(iter(model.train_dataloader()))
+    expected(data).pow(2).mean().backward()
+    with torch.no_grad():
+        for param in expected.parameters():
+            param -= 0.1 * param.grad
+    for name, value in expected.state_dict().items():
+        got = model.layer.state_dict()[name].full_tensor()
+        torch.testing.assert_close(got, value, atol=1e-6, rtol=0, msg=name)
+
+
+def test_a_failed_micro_batch_restores_the_switches_and_reshards():
+    model = _Deep(fail_at=2)  # the second micro-batch raises, the units held gathered
+    with pytest.raises(_Stop):
+        _fit(model)
+    groups = fsdp_param_groups(model)
+    assert model.switches == [[HELD] * 2]
+    assert all(s["reduce_grads"] for s in _switches(model))
+    assert all(group.is_sharded for group in groups)
+
+
+def test_auto_is_refused_under_fsdp_saying_why_and_what_to_give():
+    with pytest.raises(ValueError, match="not 'auto'.*unsharded.*micro_batch_size=\\[8, 2\\]"):
+        HeteroFSDPStrategy(micro_batch_size="auto")
+    assert HeteroFSDPStrategy(micro_batch_size=[2, 8]).micro_batch_size == [2, 8]
