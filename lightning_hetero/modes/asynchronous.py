@@ -112,8 +112,9 @@ class ParameterServerMode(Mode):
                 f" Learning rates follow lr_scaling={self.options.lr_scaling!r} ('auto': the"
                 " measured-noise rule, between b_k/B and sqrt(b_k/B), in async mode; the"
                 " square-root rule of the batch share with controller='dual'); training"
-                " converges like DDP's only approximately. For DDP's exact update use"
-                " mode='bsp'."
+                " converges like DDP's only approximately, and near DDP's largest stable"
+                " learning rate it can still diverge with several ranks (then lower the learning"
+                " rate or set lr_scaling='linear'). For DDP's exact update use mode='bsp'."
             )
 
     # ---------------------------------------------------------------- steps
