@@ -126,7 +126,7 @@ class NoiseScale:
     square of the gradients, which for a batch of ``b`` is about ``sqrt(|G|^2 + tr(Sigma) /
     b)``; where the pushes agree (low noise) ``B / b`` steps add up, and the linear rule
     ``b / B`` matches DDP; where noise dominates they add up like a random walk, and the
-    square-root rule does. In between::
+    square-root rule does. In between:
 
         factor(b) = b / B * sqrt((1 + B_noise / b) / (1 + B_noise / B)),
 
