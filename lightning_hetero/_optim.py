@@ -1,7 +1,7 @@
 """Small optimizer helpers shared by the modes and the probes."""
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -9,6 +9,7 @@ import torch
 
 __all__ = [
     "LR_SCALING",
+    "NoiseScale",
     "check_lr_scaling",
     "is_adaptive",
     "lr_factor",
@@ -18,10 +19,11 @@ __all__ = [
     "scaled_lr",
 ]
 
-#: ``lr_scaling`` values: ``"auto"`` picks ``"linear"`` or ``"sqrt"`` by the optimizer;
-#: ``True`` and ``False`` (before ``"auto"``) mean ``"linear"`` and ``"none"``.
-LR_SCALING = ("auto", "linear", "sqrt", "none")
-Rule = Literal["linear", "sqrt", "none"]
+#: ``lr_scaling`` values: ``"auto"`` picks ``"linear"``, ``"noise"`` or ``"sqrt"`` by the
+#: optimizer and the mode; ``True`` and ``False`` (before ``"auto"``) mean ``"linear"`` and
+#: ``"none"``.
+LR_SCALING = ("auto", "linear", "sqrt", "noise", "none")
+Rule = Literal["linear", "sqrt", "noise", "none"]
 
 # Optimizers whose step barely scales with the gradient's size: Adam and its kin divide by a
 # running gradient norm, Rprop and Muon normalize the step outright.
@@ -43,7 +45,7 @@ def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [param for group in optimizer.param_groups for param in group["params"]]
 
 
-def check_lr_scaling(value: Any) -> Literal["auto", "linear", "sqrt", "none"]:
+def check_lr_scaling(value: Any) -> Literal["auto", "linear", "sqrt", "noise", "none"]:
     """``lr_scaling`` as one of ``LR_SCALING`` (``True``: ``"linear"``, ``False``:
     ``"none"``); anything else is refused naming the option.
 
@@ -73,12 +75,22 @@ def is_adaptive(optimizer: torch.optim.Optimizer) -> bool:
     return any(_ADAPTIVE_KEYS.intersection(group) for group in raw.param_groups)
 
 
-def lr_rule(lr_scaling: Any, optimizer: torch.optim.Optimizer) -> Rule:
-    """The scaling rule ``lr_scaling`` means for ``optimizer``: ``"auto"`` is ``"sqrt"`` for
-    adaptive optimizers (``is_adaptive``), ``"linear"`` for the SGD family."""
+def lr_rule(lr_scaling: Any, optimizer: torch.optim.Optimizer, measured: bool = False) -> Rule:
+    """The scaling rule ``lr_scaling`` means for ``optimizer``: ``"auto"`` is ``"linear"`` for
+    the SGD family and, for adaptive optimizers (``is_adaptive``), ``"noise"`` where the
+    caller measures the gradient noise (``measured``: async mode's server, ``NoiseScale``),
+    else ``"sqrt"``. ``"noise"`` without a measurement is refused."""
     rule = check_lr_scaling(lr_scaling)
     if rule == "auto":
-        return "sqrt" if is_adaptive(optimizer) else "linear"
+        if not is_adaptive(optimizer):
+            return "linear"
+        return "noise" if measured else "sqrt"
+    if rule == "noise" and not measured:
+        raise ValueError(
+            "lr_scaling='noise' scales each push by the gradient noise the parameter server"
+            " measures, so it needs mode='async' without controller='dual'; use 'sqrt' or"
+            " 'auto' here."
+        )
     return rule
 
 
@@ -98,7 +110,106 @@ def lr_factor(rule: str, share: float) -> float:
         return math.sqrt(share)
     if rule == "none":
         return 1.0
-    raise ValueError(f"Unknown learning-rate scaling rule {rule!r}; expected linear, sqrt or none.")
+    raise ValueError(
+        f"Unknown learning-rate scaling rule {rule!r}; expected linear, sqrt or none ('noise'"
+        " is measured: NoiseScale.factor)."
+    )
+
+
+class NoiseScale:
+    """The learning-rate factor of the ``"noise"`` rule, from the gradients pushed so far.
+
+    A push of ``b`` out of a global batch of ``B`` samples gets the factor that makes ``B / b``
+    such pushes of an adaptive optimizer move as far as one DDP step, by the gradient noise
+    scale ``B_noise = tr(Sigma) / |G|^2`` (McCandlish, Kaplan, Amodei et al., "An Empirical
+    Model of Large-Batch Training", 2018). Adam divides each step by the running root mean
+    square of the gradients, which for a batch of ``b`` is about ``sqrt(|G|^2 + tr(Sigma) /
+    b)``; where the pushes agree (low noise) ``B / b`` steps add up, and the linear rule
+    ``b / B`` matches DDP; where noise dominates they add up like a random walk, and the
+    square-root rule does. In between:
+
+        factor(b) = b / B * sqrt((1 + B_noise / b) / (1 + B_noise / B)),
+
+    which lies between ``b / B`` and ``sqrt(b / B)`` (clipped there). The plain square-root
+    rule takes ``sqrt(B / b)`` times DDP's step per ``B`` samples where gradients agree, and
+    diverged at DDP's stable learning rate (issue 32); this rule does not go past DDP's step
+    there.
+
+    ``|G|^2`` and ``tr(Sigma)`` come from the pushes of each ``B`` samples: the pushed
+    gradients' squared norms, weighted by batch size, and the squared norm of their weighted
+    mean, two batch sizes of the same gradient (the paper's Appendix A.1 unbiased
+    estimators), averaged over windows with weight ``decay``. Until the first window is full
+    the factor is linear's.
+
+    Examples:
+        >>> rule = NoiseScale()
+        >>> same = [torch.ones(3)]  # every push agrees: DDP's step is the linear rule's
+        >>> for _ in range(4):
+        ...     rule.observe(same, 8, 32)
+        >>> rule.factor(0.25)
+        0.25
+    """
+
+    def __init__(self, decay: float = 0.9) -> None:
+        if not 0 <= decay < 1:
+            raise ValueError(f"`decay` must be in [0, 1), got {decay}.")
+        self.decay = decay
+        #: Running estimates of ``|G|^2`` and ``tr(Sigma)`` (per-sample gradient variance);
+        #: ``None`` until the first window of ``B`` samples is full.
+        self.signal: float | None = None
+        self.noise: float | None = None
+        self._window: list[torch.Tensor] = []  # sum of b_k * g_k over the window's pushes
+        self._squares = 0.0  # sum of b_k * |g_k|^2
+        self._samples = 0
+        self._pushes = 0
+        self._global_batch_size = 0
+
+    def observe(
+        self, grads: Sequence[torch.Tensor | None], batch_size: int, global_batch_size: int
+    ) -> None:
+        """Count a push of ``grads``, the mean gradients over ``batch_size`` samples (``None``
+        for parameters without one), out of a global batch of ``global_batch_size``."""
+        if global_batch_size != self._global_batch_size:  # a new B: a new window
+            self._reset_window()
+            self._global_batch_size = global_batch_size
+        present = [g.detach().float() for g in grads if g is not None]
+        if not self._window:
+            self._window = [g * batch_size for g in present]
+        else:
+            for total, grad in zip(self._window, present):
+                total.add_(grad, alpha=batch_size)
+        self._squares += batch_size * sum(float(g.square().sum()) for g in present)
+        self._samples += batch_size
+        self._pushes += 1
+        if self._samples >= global_batch_size and self._pushes >= 2:
+            n = self._samples
+            mean_sq = sum(float(t.square().sum()) for t in self._window) / n**2
+            # E[sum b_k |g_k|^2] = n |G|^2 + pushes * tr(Sigma); E[|mean|^2] = |G|^2 + tr/n
+            noise = (self._squares - n * mean_sq) / (self._pushes - 1)
+            signal = mean_sq - noise / n
+            if self.signal is None or self.noise is None:
+                self.signal, self.noise = signal, noise
+            else:
+                self.signal = self.decay * self.signal + (1 - self.decay) * signal
+                self.noise = self.decay * self.noise + (1 - self.decay) * noise
+            self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._window, self._squares, self._samples, self._pushes = [], 0.0, 0, 0
+
+    def factor(self, share: float) -> float:
+        """The learning-rate factor of a push of ``share = b / B`` of the global batch."""
+        low, high = lr_factor("linear", share), lr_factor("sqrt", share)
+        if self.signal is None or self.noise is None or self.noise <= 0:
+            return low  # no measurement yet, or no noise: the pushes add up like DDP's
+        if self.signal <= 0:
+            return high  # noise only: a random walk
+        noise_scale = self.noise / self.signal
+        batch = share * self._global_batch_size
+        factor = share * math.sqrt(
+            (1 + noise_scale / batch) / (1 + noise_scale / self._global_batch_size)
+        )
+        return min(max(factor, low), high)
 
 
 @contextmanager

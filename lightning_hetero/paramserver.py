@@ -3,7 +3,8 @@
 The server lives in rank 0's process. It owns a CPU copy of the trained parameters and a
 copy of each of the user's optimizers, and applies every pushed gradient as soon as it
 arrives, one push at a time, with the learning rate scaled by the pushing rank's batch
-share ``b_k / B`` (paper 002 Eq. 5b) for SGD, by ``sqrt(b_k / B)`` for adaptive optimizers.
+share ``b_k / B`` (paper 002 Eq. 5b) for SGD; for adaptive optimizers by a factor between
+``b_k / B`` and ``sqrt(b_k / B)`` set by the measured gradient noise (``NoiseScale``).
 Workers reach it through ``torch.distributed.rpc`` (TensorPipe); rank 0's own worker calls
 it directly. RPC requests run on the RPC agent's threads, so the server keeps serving while
 rank 0's training loop is busy.
@@ -25,7 +26,7 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.optim import Optimizer
 
-from lightning_hetero._optim import lr_factor, lr_rule, optimizer_params, scaled_lr
+from lightning_hetero._optim import NoiseScale, lr_factor, lr_rule, optimizer_params, scaled_lr
 from lightning_hetero.collectives import add_note, is_timeout
 
 __all__ = [
@@ -64,8 +65,10 @@ class _Slot:
 
     optimizer: Optimizer
     params: list[torch.Tensor] = field(default_factory=list)
-    #: How a push's batch share scales its learning rate: "linear", "sqrt" or "none".
+    #: How a push's batch share scales its learning rate: "linear", "sqrt", "noise" or "none".
     rule: str = "linear"
+    #: The "noise" rule's measurement of the pushed gradients (``None`` under other rules).
+    noise: NoiseScale | None = None
 
 
 def _to_cpu(optimizer: Optimizer) -> None:
@@ -88,8 +91,9 @@ class ParameterServer:
             each is deep-copied with its parameters and state, onto the CPU.
         world_size: number of workers.
         lr_scaling: how each update's learning rate follows the pushing rank's batch share
-            ``b_k / B``: ``"auto"`` (``"sqrt"`` for adaptive optimizers, else ``"linear"``),
-            ``"linear"`` (``True``), ``"sqrt"``, or ``"none"`` (``False``: every push with the
+            ``b_k / B``: ``"auto"`` (``"noise"`` for adaptive optimizers, else ``"linear"``),
+            ``"linear"`` (``True``), ``"sqrt"``, ``"noise"`` (between the two by the measured
+            gradient noise, ``NoiseScale``), or ``"none"`` (``False``: every push with the
             full learning rate, for ablations); see ``lr_rule``.
 
     Pushes are serialized by a lock: an update is applied whole or not at all, and a
@@ -110,8 +114,9 @@ class ParameterServer:
         for optimizer in optimizers:
             clone = copy.deepcopy(optimizer)
             _to_cpu(clone)
-            rule = lr_rule(lr_scaling, optimizer)
-            self._slots.append(_Slot(clone, optimizer_params(clone), rule))
+            rule = lr_rule(lr_scaling, optimizer, measured=True)
+            noise = NoiseScale() if rule == "noise" else None
+            self._slots.append(_Slot(clone, optimizer_params(clone), rule, noise))
         self._counters = [_RankCounters() for _ in range(world_size)]
         #: Seconds spent applying the pushes of ranks other than 0. They run on the RPC agent's
         #: threads in rank 0's process, beside rank 0's own training: rank 0 leaves them out
@@ -140,8 +145,8 @@ class ParameterServer:
         server's version is the update's staleness. ``update_factor`` further scales the
         update's learning rate (dual batch size learning's model-update factor).
         The learning rate is ``lr * update_factor * lr_factor(rule, batch_size /
-        global_batch_size)`` with the optimizer's rule
-        (``lr_factor``).
+        global_batch_size)`` with the optimizer's rule (``lr_factor``; under ``"noise"``, the
+        factor ``NoiseScale`` measures from the pushes so far, this one included).
         """
         slot = self._slot(index)
         if len(grads) != len(slot.params):
@@ -161,9 +166,9 @@ class ParameterServer:
             )
         if not (math.isfinite(update_factor) and update_factor > 0):
             raise ValueError(f"rank {rank} pushed an update factor of {update_factor}.")
-        share = lr_factor(slot.rule, batch_size / global_batch_size) * update_factor
         with self._lock:
             began = time.perf_counter()
+            share = self._share(slot, grads, batch_size, global_batch_size) * update_factor
             for param, grad in zip(slot.params, grads):
                 param.grad = None if grad is None else grad.to(param.device, param.dtype)
             for group, lr in zip(groups, lrs):
@@ -185,6 +190,20 @@ class ParameterServer:
                 self.serving_s += time.perf_counter() - began
             return result
 
+    @staticmethod
+    def _share(
+        slot: _Slot,
+        grads: Sequence[torch.Tensor | None],
+        batch_size: int,
+        global_batch_size: int,
+    ) -> float:
+        """The learning-rate factor of a push under the slot's rule (under the lock: the
+        ``"noise"`` rule counts the push's gradients first)."""
+        if slot.noise is None:
+            return lr_factor(slot.rule, batch_size / global_batch_size)
+        slot.noise.observe(grads, batch_size, global_batch_size)
+        return slot.noise.factor(batch_size / global_batch_size)
+
     def pull(self, index: int) -> PushResult:
         """The current parameters of optimizer ``index`` and their version."""
         slot = self._slot(index)
@@ -205,7 +224,7 @@ class ParameterServer:
     @property
     def rules(self) -> list[str]:
         """The learning-rate scaling rule of each optimizer (``"linear"``, ``"sqrt"``,
-        ``"none"``)."""
+        ``"noise"``, ``"none"``)."""
         return [slot.rule for slot in self._slots]
 
     @property
@@ -367,6 +386,20 @@ class ServerClient:
     def push(self, *args: Any) -> PushResult:
         """``ParameterServer.push`` on the server."""
         return self._call("push", _remote_push, self.rank, *args)
+
+    @staticmethod
+    def _share(
+        slot: _Slot,
+        grads: Sequence[torch.Tensor | None],
+        batch_size: int,
+        global_batch_size: int,
+    ) -> float:
+        """The learning-rate factor of a push under the slot's rule (under the lock: the
+        ``"noise"`` rule counts the push's gradients first)."""
+        if slot.noise is None:
+            return lr_factor(slot.rule, batch_size / global_batch_size)
+        slot.noise.observe(grads, batch_size, global_batch_size)
+        return slot.noise.factor(batch_size / global_batch_size)
 
     def pull(self, index: int) -> PushResult:
         """``ParameterServer.pull`` on the server."""

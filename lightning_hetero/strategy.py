@@ -40,7 +40,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
     Args:
         mode: ``"bsp"``: synchronous, gradients all-reduced with weights ``b_k / B``.
             ``"async"``: a parameter server in rank 0's process applies each rank's gradient
-            as it arrives, with its learning rate scaled by ``b_k / B`` (``lr_scaling``);
+            as it arrives, with its learning rate scaled by its batch share ``b_k / B``
+            (``lr_scaling``);
             ranks never wait for each other within an epoch. ``"local"``: local SGD; each
             rank steps its own replica on batches claimed from a shared pool of
             ``megabatch_size`` samples, and the replicas are merged after each mega-batch
@@ -98,9 +99,13 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             that it moves its part of DDP's step. ``"linear"`` (``True``): by the share
             ``s`` (paper 002 Eq. 5b; the linear scaling rule of SGD); ``"sqrt"``: by
             ``sqrt(s)`` (the square-root rule of adaptive optimizers, whose step barely
-            depends on the gradient's size); ``"auto"`` (default): ``"sqrt"`` for adaptive
-            optimizers (Adam, AdamW, RMSprop, Adagrad and their kin, or any optimizer whose
-            parameter groups have e.g. ``betas``), ``"linear"`` otherwise; ``"none"``
+            depends on the gradient's size); ``"noise"`` (async mode without
+            ``controller="dual"``): between the two, by the gradient noise the parameter
+            server measures, so that a round of pushes moves about one DDP step whether the
+            ranks' gradients agree or not; ``"auto"`` (default): for adaptive optimizers
+            (Adam, AdamW, RMSprop, Adagrad and their kin, or any optimizer whose parameter
+            groups have e.g. ``betas``) ``"noise"`` in async mode and ``"sqrt"`` in the
+            others, ``"linear"`` for other optimizers; ``"none"``
             (``False``): ``lr`` unchanged (for ablations). Async mode: ``s = b_k / B`` per
             push; dual batch (``controller="dual"``): ``s = b_k / (n * B_L)``; local mode:
             ``s = b_k * K / B``, 1 at an even split of ``B`` over ``K`` ranks (see
@@ -166,7 +171,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         adjust_every: Literal["epoch"] | int = "epoch",
         weighted: bool = True,
         shuffle: bool = True,
-        lr_scaling: bool | Literal["auto", "linear", "sqrt", "none"] = "auto",
+        lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto",
         rpc_timeout: float = 300.0,
         megabatch_size: int | None = None,
         delta: float = 0.1,

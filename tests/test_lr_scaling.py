@@ -16,7 +16,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero import HeteroStrategy
 from lightning_hetero._comm import HostStepTimer
-from lightning_hetero._optim import check_lr_scaling, is_adaptive, lr_factor, lr_rule, patched
+from lightning_hetero._optim import (
+    NoiseScale,
+    check_lr_scaling,
+    is_adaptive,
+    lr_factor,
+    lr_rule,
+    patched,
+)
 from lightning_hetero.modes import ModeOptions, ParameterServerMode
 from lightning_hetero.paramserver import ParameterServer, ServerClient
 from lightning_hetero.planning import make_controller
@@ -52,10 +59,11 @@ def _make(name: str) -> torch.optim.Optimizer:
 
 
 @pytest.mark.parametrize("name", [n for n in ADAPTIVE if hasattr(torch.optim, n)])
-def test_adaptive_optimizers_take_the_square_root_rule(name):
+def test_adaptive_optimizers_take_the_noise_rule_where_measured_else_the_square_root(name):
     optimizer = _make(name)
     assert is_adaptive(optimizer)
     assert lr_rule("auto", optimizer) == "sqrt"
+    assert lr_rule("auto", optimizer, measured=True) == "noise"
 
 
 @pytest.mark.parametrize("name", SGD_FAMILY)
@@ -63,10 +71,12 @@ def test_sgd_family_optimizers_take_the_linear_rule(name):
     optimizer = _make(name)
     assert not is_adaptive(optimizer)
     assert lr_rule("auto", optimizer) == "linear"
+    assert lr_rule("auto", optimizer, measured=True) == "linear"
 
 
 def test_unknown_optimizers_are_recognized_by_their_parameter_group_keys():
     assert lr_rule("auto", _Lion(_params())) == "sqrt"
+    assert lr_rule("auto", _Lion(_params()), measured=True) == "noise"
     assert lr_rule("auto", _Lars(_params())) == "linear"
 
 
@@ -82,6 +92,21 @@ def test_a_lightning_optimizer_is_recognized_by_the_optimizer_it_wraps():
 def test_an_explicit_rule_overrides_the_optimizer_family(option, rule):
     assert lr_rule(option, torch.optim.Adam(_params())) == rule
     assert lr_rule(option, torch.optim.SGD(_params(), lr=0.1)) == rule
+    assert lr_rule(option, torch.optim.Adam(_params()), measured=True) == rule
+
+
+def test_the_noise_rule_is_refused_where_nothing_measures_the_noise():
+    adam = torch.optim.Adam(_params())
+    assert lr_rule("noise", adam, measured=True) == "noise"
+    with pytest.raises(ValueError, match="lr_scaling='noise'.*mode='async'"):
+        lr_rule("noise", adam)
+    with pytest.raises(ValueError, match="NoiseScale"):
+        lr_factor("noise", 0.5)
+    with pytest.raises(ValueError, match="lr_scaling='noise'.*mode='local'"):
+        HeteroStrategy(mode="local", lr_scaling="noise")
+    with pytest.raises(ValueError, match="controller='dual'.*lr_scaling='noise'"):
+        HeteroStrategy(mode="async", controller="dual", lr_scaling="noise")
+    assert HeteroStrategy(mode="async", lr_scaling="noise").lr_scaling == "noise"
 
 
 @pytest.mark.parametrize("value", ["Linear", "square", 1, 0.5, None])
@@ -105,7 +130,84 @@ def test_the_default_is_auto():
     assert HeteroStrategy(mode="async").lr_scaling == "auto"
 
 
+# ---------------------------------------------------------------- the noise rule
+
+
+def _push_grads(signal: torch.Tensor, sigma: float, batch: int) -> list[torch.Tensor]:
+    """A push's mean gradient over ``batch`` samples: ``signal`` plus per-sample noise of
+    standard deviation ``sigma`` per coordinate."""
+    return [signal + sigma / math.sqrt(batch) * torch.randn_like(signal)]
+
+
+def test_the_noise_rule_estimates_signal_and_noise_from_uneven_pushes():
+    torch.manual_seed(0)
+    signal, sigma = torch.full((4000,), 0.05), 0.4  # |G|^2 = 10, tr(Sigma) = 640
+    rule = NoiseScale()
+    for _ in range(60):
+        for batch in (8, 24, 8, 24):  # two windows of B = 32, uneven pushes
+            rule.observe(_push_grads(signal, sigma, batch), batch, 32)
+    assert rule.signal == pytest.approx(10.0, rel=0.1)
+    assert rule.noise == pytest.approx(640.0, rel=0.1)
+    noise_scale = 64.0
+    expected = 0.25 * math.sqrt((1 + noise_scale / 8) / (1 + noise_scale / 32))
+    assert 0.25 < rule.factor(0.25) < 0.5
+    assert rule.factor(0.25) == pytest.approx(expected, rel=0.05)
+
+
+def test_the_noise_rule_is_linear_for_agreeing_pushes_and_square_root_for_pure_noise():
+    torch.manual_seed(0)
+    agreeing, noisy = NoiseScale(), NoiseScale()
+    assert agreeing.factor(0.25) == 0.25  # before the first window of B samples: linear
+    for _ in range(40):
+        agreeing.observe([torch.ones(100), None], 8, 32)
+        noisy.observe(_push_grads(torch.zeros(2000), 1.0, 8), 8, 32)
+    assert agreeing.factor(0.25) == pytest.approx(0.25)
+    assert noisy.factor(0.25) == pytest.approx(0.5, rel=0.05)
+    for share in (0.1, 0.25, 0.5, 1.0):
+        assert share <= noisy.factor(share) <= math.sqrt(share)
+
+
+def test_the_noise_rule_starts_a_new_window_when_the_global_batch_changes():
+    rule = NoiseScale()
+    rule.observe([torch.ones(3)], 8, 32)
+    rule.observe([torch.ones(3)], 8, 64)  # B changed: the first push of B = 32 is dropped
+    rule.observe([torch.ones(3)], 8, 64)
+    rule.observe([torch.ones(3)], 8, 64)
+    assert rule.signal is None  # 24 of 64 samples: no window full yet
+    with pytest.raises(ValueError, match="decay"):
+        NoiseScale(decay=1.0)
+
+
+def _round_trip(lr_scaling: str, rounds: int) -> float:
+    """How far the server's Adam moves the parameters in the last of ``rounds`` rounds of 4
+    pushes of the same gradient (4 ranks in agreement), in units of one DDP Adam step."""
+    params = [torch.nn.Parameter(torch.zeros(50))]
+    server = ParameterServer([torch.optim.Adam(params, lr=0.01)], 4, lr_scaling)
+    grads = [torch.linspace(-1, 1, 50)]
+    before = None
+    for round_ in range(rounds):
+        if round_ == rounds - 1:
+            before = server.pull(0).params[0]
+        for rank in range(4):
+            result = server.push(rank, 0, grads, 8, 32, [0.01], server.version)
+    assert before is not None
+    return float((result.params[0] - before).abs().max()) / 0.01
+
+
+def test_where_pushes_agree_the_noise_rule_moves_one_ddp_step_per_round_and_sqrt_two():
+    # the stability edge issue 32 found: Adam's step barely depends on the gradient, so four
+    # agreeing pushes at sqrt(1/4) * lr move twice as far as DDP's one step of lr
+    assert _round_trip("noise", 5) == pytest.approx(1.0, rel=0.02)
+    assert _round_trip("sqrt", 5) == pytest.approx(2.0, rel=0.02)
+    assert _round_trip("linear", 5) == pytest.approx(1.0, rel=0.02)
+
+
 # ---------------------------------------------------------------- the server
+
+
+def test_the_server_steps_adam_with_the_noise_rule_by_default():
+    adam, sgd = torch.optim.Adam(_params()), torch.optim.SGD(_params(), lr=0.1)
+    assert ParameterServer([adam, sgd], world_size=4).rules == ["noise", "linear"]
 
 
 def test_the_server_steps_adam_with_the_square_root_of_the_batch_share():
@@ -113,7 +215,7 @@ def test_the_server_steps_adam_with_the_square_root_of_the_batch_share():
     layer = torch.nn.Linear(4, 2)
     optimizer = torch.optim.Adam(layer.parameters(), lr=0.01)
     reference = copy.deepcopy(layer)
-    server = ParameterServer([optimizer], world_size=4)
+    server = ParameterServer([optimizer], world_size=4, lr_scaling="sqrt")
     assert server.rules == ["sqrt"]
     grads = [torch.randn_like(p) for p in layer.parameters()]
     result = server.push(1, 0, grads, 16, 64, [0.01], 0)
@@ -128,7 +230,7 @@ def test_the_server_steps_adam_with_the_square_root_of_the_batch_share():
 def test_the_server_keeps_the_linear_rule_for_sgd_and_each_optimizer_its_own():
     sgd = torch.optim.SGD(_params(), lr=0.1, momentum=0.9)
     adam = torch.optim.AdamW(_params())
-    assert ParameterServer([sgd, adam], world_size=2).rules == ["linear", "sqrt"]
+    assert ParameterServer([sgd, adam], world_size=2).rules == ["linear", "noise"]
     assert ParameterServer([sgd, adam], world_size=2, lr_scaling="none").rules == ["none"] * 2
 
 

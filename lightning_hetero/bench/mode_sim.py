@@ -25,9 +25,10 @@ from lightning_hetero.paramserver import ParameterServer
 
 __all__ = ["RULES", "simulate"]
 
-#: The compared update rules: ``ddp``; ``async`` with ``lr_scaling`` ``"auto"`` (square root
-#: for Adam) or ``"linear"`` (paper 002's rule); ``local`` with either.
-RULES = ("ddp", "async", "async-linear", "local", "local-linear")
+#: The compared update rules: ``ddp``; ``async`` with ``lr_scaling`` ``"auto"`` (the
+#: measured-noise rule for Adam), ``"sqrt"`` or ``"linear"`` (paper 002's rule); ``local``
+#: with ``"auto"`` (square root) or ``"linear"``.
+RULES = ("ddp", "async", "async-sqrt", "async-linear", "local", "local-linear")
 
 
 def _schedule(done: float, warmup: float) -> float:
@@ -64,7 +65,7 @@ def simulate(
         server = ParameterServer(
             [torch.optim.Adam(model.parameters(), lr=lr)],
             workers,
-            "linear" if rule == "async-linear" else "auto",
+            {"async-linear": "linear", "async-sqrt": "sqrt"}.get(rule, "auto"),
         )
         replicas = [copy.deepcopy(model) for _ in range(workers)]
     else:

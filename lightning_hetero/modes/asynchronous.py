@@ -21,9 +21,10 @@ class ParameterServerMode(Mode):
     """``mode="async"``: each rank pushes its gradient to the server and pulls the model back.
 
     The server applies rank ``k``'s gradient as it arrives, with learning rate
-    ``lr * b_k / B`` for SGD and ``lr * sqrt(b_k / B)`` for adaptive optimizers (``lr_scaling``),
-    so ranks never wait for each other within an epoch. At validation, epoch ends and
-    the end of training every rank loads the server's model (and the ranks' buffers are
+    ``lr * b_k / B`` for SGD and, for adaptive optimizers, between that and
+    ``lr * sqrt(b_k / B)`` by the measured gradient noise (``lr_scaling``), so ranks never
+    wait for each other within an epoch. At validation, epoch ends and the end of training
+    every rank loads the server's model (and the ranks' buffers are
     averaged). Checkpoints on rank 0 hold the server's model and optimizer state.
     """
 
@@ -51,6 +52,16 @@ class ParameterServerMode(Mode):
                 "With controller='dual' the server scales updates by the controller's"
                 " update_factor rule; for the unscaled ablation use"
                 " DualBatchController(update_factor='none') instead of lr_scaling=False."
+            )
+        if (
+            isinstance(controller, DualBatchController)
+            and check_lr_scaling(options.lr_scaling) == "noise"
+        ):
+            raise ValueError(
+                "With controller='dual' each push's factor comes from the dual plan"
+                " (update_factor), not from measured gradient noise: lr_scaling='noise' is for"
+                " mode='async' without it. Leave lr_scaling='auto' (the square-root rule of the"
+                " batch share for adaptive optimizers) or set 'sqrt'."
             )
         if (
             isinstance(controller, DualBatchController)
@@ -99,9 +110,10 @@ class ParameterServerMode(Mode):
                 " parameters that other ranks' pushes may have changed since (stale), so the"
                 " moment estimates see single, delayed gradients where DDP's see their average."
                 f" Learning rates follow lr_scaling={self.options.lr_scaling!r} ('auto': the"
-                " square-root rule for adaptive optimizers); training converges like DDP's only"
-                " approximately, and near DDP's largest stable"
-                " learning rate it can diverge with several ranks (then lower the learning"
+                " measured-noise rule, between b_k/B and sqrt(b_k/B), in async mode; the"
+                " square-root rule of the batch share with controller='dual'); training"
+                " converges like DDP's only approximately, and near DDP's largest stable"
+                " learning rate it can still diverge with several ranks (then lower the learning"
                 " rate or set lr_scaling='linear'). For DDP's exact update use mode='bsp'."
             )
 

@@ -40,7 +40,7 @@ class ModeOptions:
 
     adjust_every: Literal["epoch"] | int = "epoch"
     weighted: bool = True
-    lr_scaling: bool | Literal["auto", "linear", "sqrt", "none"] = "auto"
+    lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto"
     rpc_timeout: float = 300.0
     megabatch_size: int | None = None
     delta: float = 0.1

@@ -6,11 +6,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from lightning_hetero._optim import lr_factor, lr_rule, scaled_lr
+from lightning_hetero._optim import check_lr_scaling, lr_factor, lr_rule, scaled_lr
 from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
 from lightning_hetero.localsgd import ReplicaMerger
-from lightning_hetero.modes.base import Mode
-from lightning_hetero.planning import check_merge_options, merge_weights
+from lightning_hetero.modes.base import Mode, ModeOptions
+from lightning_hetero.planning import Controller, check_merge_options, merge_weights
 from lightning_hetero.sampler import EpochPermutation
 
 __all__ = ["LocalSGDMode"]
@@ -38,6 +38,17 @@ class LocalSGDMode(Mode):
         self._updates = 0  # this rank's updates in the current mega-batch
         #: One record per model merge (weights, update counts, perturbation).
         self.merges: list[dict[str, Any]] = []
+
+    @classmethod
+    def check_options(cls, options: ModeOptions, controller: Controller) -> None:
+        super().check_options(options, controller)
+        if check_lr_scaling(options.lr_scaling) == "noise":
+            raise ValueError(
+                "lr_scaling='noise' scales pushes by the gradient noise async mode's parameter"
+                " server measures; mode='local' steps each replica on its own. Leave"
+                " lr_scaling='auto' (the square-root rule for adaptive optimizers) or set"
+                " 'sqrt'."
+            )
 
     @classmethod
     def other_boundaries(cls) -> str:
