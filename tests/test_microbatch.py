@@ -1,12 +1,21 @@
 """Micro-batch sizes, batch cutting and the option's checks (no process group)."""
 
+import re
+
 import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
-from lightning_hetero.microbatch import micro_bounds, micro_sizes, split_batch, step_loss
+from lightning_hetero.microbatch import (
+    converted_accumulation,
+    micro_bounds,
+    micro_sizes,
+    per_step_count,
+    split_batch,
+    step_loss,
+)
 
 
 @pytest.mark.parametrize(
@@ -118,7 +127,8 @@ class _Manual(BoringModel):
         (
             BoringModel,
             {"accumulate_grad_batches": 4},
-            "`accumulate_grad_batches=4` both accumulate.*global_batch_size.*micro_batch_size",
+            r"micro_batch_size=2.*`accumulate_grad_batches=4` would accumulate.*"
+            r"global_batch_size=<samples per optimizer step>.*micro_batch_size=",
         ),
     ],
 )
@@ -173,3 +183,99 @@ def test_auto_takes_each_ranks_micro_batch_bound_from_the_memory_probe(tmp_path,
     # memory bounds the micro-batch, never the share: the batch stays 8, run as 3 + 3 + 2
     assert strategy.batch_sizes == [8] and strategy.plan_state.measured_max is None
     assert model.seen == [3, 3, 2] * 2
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"micro_batch_size": 2}, "micro_batch_size=2"),
+        ({"global_batch_size": 32}, "global_batch_size=32"),
+        ({"batch_sizes": [3, 5]}, "batch_sizes=[3, 5]"),
+    ],
+)
+def test_accumulation_is_taken_over_only_where_no_option_plans_the_step_already(options, named):
+    given = {"micro_batch_size": None, "global_batch_size": None, "batch_sizes": "uniform"}
+    assert converted_accumulation(4, **given) == 4
+    assert converted_accumulation(1, **{**given, **options}) == 1
+    message = rf"{re.escape(named)}.*global_batch_size=.*micro_batch_size="
+    with pytest.raises(ValueError, match=message):
+        converted_accumulation(4, **{**given, **options})
+
+
+def test_counts_of_loader_batches_become_counts_of_optimizer_steps():
+    assert per_step_count("val_check_interval", 12, 4) == 3
+    assert per_step_count("limit_train_batches", 1.0, 4) == 1.0  # a fraction of the epoch
+    with pytest.raises(ValueError, match="`val_check_interval=10`.*multiple of 4"):
+        per_step_count("val_check_interval", 10, 4)
+
+
+class _Recorded(BoringModel):
+    """Records each training step's samples and the steps the loop counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+        self.stepped: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(len(batch))
+        return super().training_step(batch, batch_idx)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.stepped.append(self.trainer.global_step)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.layer.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
+
+    def train_dataloader(self):
+        generator = torch.Generator().manual_seed(3)
+        data = torch.randn(96, 32, generator=generator)
+        return torch.utils.data.DataLoader(data, batch_size=4, shuffle=False)
+
+
+def _accumulating_fit(tmp_path, strategy, **options):
+    torch.manual_seed(0)
+    model = _Recorded()
+    trainer = pl.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        **options,
+    )
+    trainer.fit(model)
+    return trainer, model
+
+
+def test_accumulation_runs_as_one_global_batch_and_steps_as_lightnings_accumulation(tmp_path):
+    options = {"max_steps": 5, "val_check_interval": 8, "limit_val_batches": 1}
+    plain, expected = _accumulating_fit(tmp_path / "plain", "auto", **options)
+    strategy = HeteroStrategy(controller="static", shuffle=False)  # the loader's order
+    trainer, got = _accumulating_fit(tmp_path / "hetero", strategy, **options)
+    # one global batch of loader batch x 4 x 1 rank per optimizer step, in micro-batches of 4
+    assert strategy.batch_sizes == [16] and strategy.micro_bounds == [4]
+    assert got.seen == expected.seen == [4] * 20
+    assert trainer.global_step == plain.global_step == 5
+    assert got.stepped == [1, 2, 3, 4, 5]  # one loop batch per optimizer step
+    # Lightning's 1/4 per accumulated batch and the strategy's samples / B are the same step,
+    # and the scheduler stepped once per optimizer step in both
+    for mine, theirs in zip(got.parameters(), expected.parameters()):
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
+    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == pytest.approx([0.1 / 32])
+    # validation every 8 loader batches = every 2 optimizer steps, as the user asked
+    assert trainer.val_check_batch == 2
+    # the user's Trainer settings are back once the fit ended
+    assert (trainer.accumulate_grad_batches, trainer.val_check_interval) == (4, 8)
+
+
+def test_a_val_check_interval_that_splits_an_optimizer_step_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="`val_check_interval=6`.*multiple of 4"):
+        _accumulating_fit(tmp_path, HeteroStrategy(), max_steps=1, val_check_interval=6)
