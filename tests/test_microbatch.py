@@ -215,10 +215,12 @@ class _Recorded(BoringModel):
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[int] = []
+        self.sums: list[torch.Tensor] = []
         self.stepped: list[int] = []
 
     def training_step(self, batch, batch_idx):
         self.seen.append(len(batch))
+        self.sums.append(batch.detach().sum())
         return super().training_step(batch, batch_idx)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
@@ -235,23 +237,26 @@ class _Recorded(BoringModel):
         return torch.utils.data.DataLoader(data, batch_size=4, shuffle=False)
 
 
-def _accumulating_fit(tmp_path, strategy, **options):
+def _accumulating_fit(tmp_path, strategy, ckpt_path=None, **options):
     torch.manual_seed(0)
     model = _Recorded()
+    settings = {
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+        "enable_progress_bar": False,
+        "num_sanity_val_steps": 0,
+        **options,
+    }
     trainer = pl.Trainer(
         strategy=strategy,
         accelerator="cpu",
         devices=1,
         accumulate_grad_batches=4,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        num_sanity_val_steps=0,
         default_root_dir=tmp_path,
-        **options,
+        **settings,
     )
-    trainer.fit(model)
+    trainer.fit(model, ckpt_path=ckpt_path)
     return trainer, model
 
 
@@ -279,3 +284,25 @@ def test_accumulation_runs_as_one_global_batch_and_steps_as_lightnings_accumulat
 def test_a_val_check_interval_that_splits_an_optimizer_step_is_refused(tmp_path):
     with pytest.raises(ValueError, match="`val_check_interval=6`.*multiple of 4"):
         _accumulating_fit(tmp_path, HeteroStrategy(), max_steps=1, val_check_interval=6)
+
+
+def test_a_run_resumed_inside_an_epoch_keeps_the_conversion_and_its_steps(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    # 96 samples, 16 per optimizer step: 6 steps an epoch; stop after 3, resume to 5
+    _, expected = _accumulating_fit(tmp_path / "whole", HeteroStrategy(shuffle=False), max_steps=5)
+    saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+    options = {"enable_checkpointing": True, "callbacks": [saving]}
+    _accumulating_fit(tmp_path / "first", HeteroStrategy(shuffle=False), max_steps=3, **options)
+    path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+    strategy = HeteroStrategy(shuffle=False)
+    resumed, model = _accumulating_fit(tmp_path / "resumed", strategy, path, max_steps=5)
+    assert strategy.batch_sizes == [16] and strategy.micro_bounds == [4]
+    assert resumed.global_step == 5 and model.stepped == [4, 5]
+    # steps 4 and 5, each its four micro-batches: the epoch's samples 48 to 79, in order
+    assert model.seen == [4] * 8 and len(model.sums) == 8
+    data = model.train_dataloader().dataset
+    expected_sums = [data[i : i + 4].sum() for i in range(48, 80, 4)]
+    torch.testing.assert_close(torch.stack(model.sums), torch.stack(expected_sums))
+    for mine, theirs in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
