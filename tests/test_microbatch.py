@@ -306,3 +306,32 @@ def test_a_run_resumed_inside_an_epoch_keeps_the_conversion_and_its_steps(tmp_pa
     torch.testing.assert_close(torch.stack(model.sums), torch.stack(expected_sums))
     for mine, theirs in zip(model.parameters(), expected.parameters()):
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
+
+
+class _Estimating(_Recorded):
+    def configure_optimizers(self):
+        self.estimated = self.trainer.estimated_stepping_batches  # loads the data early
+        return super().configure_optimizers()
+
+
+def test_the_estimated_optimizer_steps_are_lightnings_under_accumulation(tmp_path):
+    def estimate(strategy):
+        torch.manual_seed(0)
+        model = _Estimating()
+        trainer = pl.Trainer(
+            strategy=strategy,
+            accelerator="cpu",
+            devices=1,
+            accumulate_grad_batches=4,
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=False,
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(model)
+        return model.estimated, trainer.global_step
+
+    # 96 samples, 4 per loader batch, 4 accumulated: 6 optimizer steps an epoch
+    assert estimate("auto") == estimate(HeteroStrategy(shuffle=False)) == (6, 6)
