@@ -418,14 +418,14 @@ class HeteroEngine:
         seed = check_training_loader(dataloader)
         assert isinstance(dataloader, DataLoader)
         state = self.plan_state
+        if state.accumulation > 1:  # the loader batch is what a rank held under DDP
+            self.micro_bounds = [dataloader.batch_size or 1] * self.world_size
         if state.plan is None and not self._optimizers_ready:
             # Loaded inside `setup` (see there): Lightning needs only the number of steps,
             # which an even split of the same global batch already has.
             plan = state.provisional(dataloader.batch_size, self.world_size)
             self._reload_after_setup = True
         elif state.plan is None:
-            if state.accumulation > 1:  # the loader batch is what a rank held under DDP
-                self.micro_bounds = [dataloader.batch_size or 1] * self.world_size
             plan = state.plan = self._first_plan(dataloader)
         else:
             if state.rescale_pending:
