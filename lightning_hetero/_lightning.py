@@ -44,6 +44,7 @@ __all__ = [
     "request_train_reload",
     "running_hook",
     "set_logged_batch",
+    "set_loop_counts",
     "settle_logged_metrics",
 ]
 
@@ -228,6 +229,31 @@ def model_parallel_setup(
     strategy.setup_precision_plugin()
     if trainer.state.fn == TrainerFn.FITTING:
         _optimizers_to_device(strategy.optimizers, strategy.root_device)
+
+
+#: The Trainer's counts of loader batches that ``set_loop_counts`` may set.
+LOOP_COUNTS = ("accumulate_grad_batches", "val_check_interval", "limit_train_batches")
+
+
+def set_loop_counts(
+    trainer: "pl.Trainer", counts: dict[str, int | float]
+) -> dict[str, int | float]:
+    """Set the Trainer's ``accumulate_grad_batches``, ``val_check_interval`` or
+    ``limit_train_batches`` for the run about to start; returns their previous values.
+
+    Public attributes that Lightning reads again in every fit, after the strategy's
+    ``setup_environment``: ``accumulate_grad_batches`` in each batch (the automatic loop's
+    loss normalization, ``_should_accumulate``) and in ``estimated_stepping_batches``; the
+    other two when the training loader is set up (``_FitLoop.setup_data``). Set them before
+    Lightning's ``setup`` (``configure_optimizers`` may read the estimate there) and put them
+    back at teardown, so that a later ``fit`` of the same Trainer starts from the user's.
+    """
+    previous = {}
+    for name, value in counts.items():
+        assert name in LOOP_COUNTS, name
+        previous[name] = getattr(trainer, name)
+        setattr(trainer, name, value)
+    return previous
 
 
 def set_logged_batch(trainer: "pl.Trainer", batch: object) -> None:

@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning_utilities.core.rank_zero import rank_zero_info
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -35,6 +36,7 @@ from lightning_hetero._lightning import (
     request_train_reload,
     running_hook,
     set_logged_batch,
+    set_loop_counts,
 )
 from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.callback import HeteroCallback
@@ -43,8 +45,10 @@ from lightning_hetero.context import RunContext
 from lightning_hetero.emulate import Throttle
 from lightning_hetero.microbatch import (
     check_micro_batch_size,
+    converted_accumulation,
     micro_bounds,
     micro_sizes,
+    per_step_count,
     split_batch,
     step_loss,
 )
@@ -160,6 +164,8 @@ class HeteroEngine:
         #: The run the re-planner, the mode and the probes work in (made at set-up).
         self.context: RunContext | None = None
         self._optimizers_ready = False  # set-up has built the optimizers
+        # the Trainer whose loop counts this run set, and the user's values, put back at teardown
+        self._user_loop_counts: tuple[Any, dict[str, int | float]] | None = None
         self._reload_after_setup = False  # the training data was loaded before that
 
     # ---------------------------------------------------------------- public state
@@ -315,7 +321,53 @@ class HeteroEngine:
                 f"{self.training_mode.option_text()} does not synchronize ranks at every step;"
                 " SyncBatchNorm (`sync_batchnorm=True`) needs mode='bsp'."
             )
+        self._take_over_accumulation(trainer)
         self.training_mode.setup_environment()
+
+    def _take_over_accumulation(self, trainer: "pl.Trainer") -> None:
+        """Run Lightning's ``accumulate_grad_batches=N`` as one global batch per optimizer step.
+
+        Where the mode runs micro-batches, the ``N * b * K`` samples of a step are planned
+        together and each rank's share runs as micro-batches of at most the loader batch
+        ``b`` (set once the loader is seen), so the share follows the speeds; Lightning runs
+        with accumulation 1 and its batch counts become optimizer steps (see
+        docs/memory.md, "the accumulation story"). Elsewhere each accumulated batch is
+        planned on its own, as before.
+        """
+        state = self.plan_state
+        state.accumulation = 1
+        if self.micro_batch_size is None:
+            self.micro_bounds = None  # a previous fit's, from its loader batch
+        accumulate = trainer.accumulate_grad_batches
+        mode = self.training_mode
+        if not self.lightning_module.automatic_optimization:
+            return  # Lightning refuses accumulation with manual optimization itself
+        if not mode.takes_over_accumulation:
+            if self.micro_batch_size is not None and accumulate != 1:
+                raise ValueError(
+                    f"{type(self).__name__}(micro_batch_size={self.micro_batch_size!r}) plans"
+                    " the samples of each optimizer step as micro-batches, and the Trainer's"
+                    f" `accumulate_grad_batches={accumulate}` would accumulate {accumulate}"
+                    " such steps again. Set global_batch_size=<samples per optimizer step>"
+                    " with `accumulate_grad_batches=1`."
+                )
+            return
+        accumulate = converted_accumulation(
+            accumulate, self.micro_batch_size, state.global_batch_size, state.initial
+        )
+        if accumulate == 1:
+            return
+        counts: dict[str, int | float] = {"accumulate_grad_batches": 1}
+        for name in ("val_check_interval", "limit_train_batches"):
+            counts[name] = per_step_count(name, getattr(trainer, name), accumulate)
+        self._user_loop_counts = (trainer, set_loop_counts(trainer, counts))
+        state.accumulation = accumulate
+        rank_zero_info(
+            f"hetero: `accumulate_grad_batches={accumulate}` runs as one global batch of"
+            f" loader batch x {accumulate} x {self.world_size} ranks per optimizer step, each"
+            " rank's share in micro-batches of at most the loader batch (the loop counts"
+            " optimizer steps: one batch each)."
+        )
 
     @override
     def setup(self, trainer: "pl.Trainer") -> None:
@@ -356,15 +408,6 @@ class HeteroEngine:
                 " size, and run all but the last in"
                 " `self.trainer.strategy.block_backward_sync()`."
             )
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(
-                f"`micro_batch_size` and the Trainer's"
-                f" `accumulate_grad_batches={trainer.accumulate_grad_batches}` both accumulate"
-                " gradients: plan the samples of one optimizer step as one global batch"
-                " instead: HeteroStrategy(global_batch_size=<loader batch x"
-                " accumulate_grad_batches x ranks>, micro_batch_size=<loader batch>) with"
-                " `accumulate_grad_batches=1` (see docs/memory.md)."
-            )
 
     def _lightning_setup(self, trainer: "pl.Trainer") -> None:
         """The Lightning strategy's own ``setup`` (a strategy replaces it where Lightning's
@@ -386,6 +429,8 @@ class HeteroEngine:
         seed = check_training_loader(dataloader)
         assert isinstance(dataloader, DataLoader)
         state = self.plan_state
+        if state.accumulation > 1:  # the loader batch is what a rank held under DDP
+            self.micro_bounds = [dataloader.batch_size or 1] * self.world_size
         if state.plan is None and not self._optimizers_ready:
             # Loaded inside `setup` (see there): Lightning needs only the number of steps,
             # which an even split of the same global batch already has.
@@ -679,4 +724,7 @@ class HeteroEngine:
     @override
     def teardown(self) -> None:
         self.training_mode.teardown()
+        if self._user_loop_counts is not None:
+            set_loop_counts(*self._user_loop_counts)
+            self._user_loop_counts = None
         super().teardown()

@@ -18,7 +18,15 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_hetero.planning.split import is_count
 
-__all__ = ["check_micro_batch_size", "micro_bounds", "micro_sizes", "split_batch", "step_loss"]
+__all__ = [
+    "check_micro_batch_size",
+    "converted_accumulation",
+    "micro_bounds",
+    "micro_sizes",
+    "per_step_count",
+    "split_batch",
+    "step_loss",
+]
 
 
 def check_micro_batch_size(value: Any) -> None:
@@ -39,6 +47,74 @@ def check_micro_batch_size(value: Any) -> None:
         "`micro_batch_size` must be None, an int >= 1 (every rank), a list of ints >= 1 (one"
         f" per rank) or 'auto' (each rank's bound from the memory probe), got {value!r}."
     )
+
+
+def converted_accumulation(
+    accumulate: int,
+    micro_batch_size: Any,
+    global_batch_size: int | None,
+    batch_sizes: str | Sequence[int],
+) -> int:
+    """How many of Lightning's accumulated loader batches the strategy runs as one global batch
+    of micro-batches (1: none); raises ``ValueError`` where the Trainer's
+    ``accumulate_grad_batches`` meets options that already plan a step's samples.
+
+    A program written for DDP with a loader batch ``b`` and ``accumulate_grad_batches=N`` on
+    ``K`` ranks trains on ``N * b * K`` samples per optimizer step: planned as one global
+    batch whose shares run as micro-batches of at most ``b``, the share follows the speeds
+    even when ``b`` is all a rank can hold. ``global_batch_size``, ``micro_batch_size`` or an
+    explicit plan say what a step is already; with them accumulation would count twice.
+
+    >>> converted_accumulation(4, None, None, "uniform")
+    4
+    >>> converted_accumulation(1, 2, 32, "uniform")
+    1
+    """
+    if accumulate == 1:
+        return 1
+    given = [
+        f"{name}={value!r}"
+        for name, value in (
+            ("micro_batch_size", micro_batch_size),
+            ("global_batch_size", global_batch_size),
+            ("batch_sizes", None if isinstance(batch_sizes, str) else list(batch_sizes)),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ValueError(
+            f"HeteroStrategy({', '.join(given)}) plans the samples of each optimizer step, and"
+            f" the Trainer's `accumulate_grad_batches={accumulate}` would accumulate"
+            f" {accumulate} such steps again. Plan the optimizer step as one global batch"
+            " instead: HeteroStrategy(global_batch_size=<samples per optimizer step>,"
+            " micro_batch_size=<samples a rank holds at once>) with"
+            " `accumulate_grad_batches=1`; or leave both unset and keep"
+            " `accumulate_grad_batches` (the strategy then plans loader batch x"
+            " accumulate_grad_batches x ranks samples per step, see docs/memory.md)."
+        )
+    return accumulate
+
+
+def per_step_count(name: str, value: int | float, accumulate: int) -> int | float:
+    """A Trainer count of loader batches (``val_check_interval``, ``limit_train_batches``)
+    in optimizer steps, once ``accumulate`` loader batches run as one step: an int is divided
+    (refused where it does not divide), a float (a fraction of the epoch) stays.
+
+    >>> per_step_count("val_check_interval", 8, 4)
+    2
+    >>> per_step_count("limit_train_batches", 0.5, 4)
+    0.5
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        return value
+    if value % accumulate:
+        raise ValueError(
+            f"hetero: the Trainer's `{name}={value}` counts loader batches, and the strategy"
+            f" runs `accumulate_grad_batches={accumulate}` of them as one optimizer step (one"
+            f" batch of the loop): give a multiple of {accumulate}, or a fraction of the epoch"
+            " (a float)."
+        )
+    return value // accumulate
 
 
 def micro_bounds(value: int | Sequence[int], world_size: int) -> list[int]:

@@ -99,6 +99,9 @@ class PlanState:
     #: The global batch at input scale 1, known once the training loader was seen.
     base_global: int | None = None
     rescale_pending: bool = field(default=False)
+    #: Loader batches of the Trainer's ``accumulate_grad_batches`` planned as one global batch
+    #: (set at each fit's set-up; 1: none, see ``microbatch.converted_accumulation``).
+    accumulation: int = 1
 
     # ---------------------------------------------------------------- bounds
     @property
@@ -137,14 +140,15 @@ class PlanState:
             BatchLimits.build(world_size, total, self.lower(), self.upper())
 
     def global_batch(self, loader_batch_size: int | None, world_size: int) -> int:
-        """``B`` at input scale 1: as given, the explicit plan's sum, or the loader's times K."""
+        """``B`` at input scale 1: as given, the explicit plan's sum, or the loader's times K
+        (and times the accumulation the strategy runs as one step)."""
         if self.global_batch_size is not None:
             return self.global_batch_size
         if isinstance(self.initial, list):
             return sum(self.initial)
         if loader_batch_size is None:
             raise ValueError("Set `global_batch_size` or the training DataLoader's `batch_size`.")
-        return loader_batch_size * world_size
+        return loader_batch_size * world_size * self.accumulation
 
     def scaled_limits(self, world_size: int) -> BatchLimits:
         """The limits at the current input scale: see ``HeteroStrategy.set_input_scale``."""
@@ -185,6 +189,11 @@ class PlanState:
                     "`global_batch_size`"
                     if self.global_batch_size is not None
                     else f"the training DataLoader's `batch_size` times {ranks}"
+                    + (
+                        f" times `accumulate_grad_batches={self.accumulation}`"
+                        if self.accumulation > 1
+                        else ""
+                    )
                 )
                 raise PlanError(
                     f"The global batch of {total} samples ({source}) cannot give each of"

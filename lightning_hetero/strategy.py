@@ -55,7 +55,11 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             process may use), ``"flops"`` (GPU SMs x clock via NVML, falling back to
             cores), or one batch size per rank.
         global_batch_size: ``B``; default: the sum of an explicit plan, else the training
-            loader's ``batch_size`` times the world size.
+            loader's ``batch_size`` times the world size, times the Trainer's
+            ``accumulate_grad_batches`` in mode ``"bsp"``: the strategy then runs the
+            accumulated batches of an optimizer step as one global batch of micro-batches of
+            at most the loader's ``batch_size`` (Lightning runs accumulation 1; see "the
+            accumulation story" in [Memory-bound ranks](../memory.md)).
         min_batch_size: smallest batch any rank may get, in every step including the
             epoch's last, smaller one (padded with the epoch's first samples when too few are
             left, as DDP's sampler pads). Default: 2 for a model with BatchNorm layers (which

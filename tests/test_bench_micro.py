@@ -5,7 +5,7 @@ import pytest
 from lightning_hetero.bench.micro import IDEAL, configs, ratio
 from lightning_hetero.bench.run import RunConfig
 from lightning_hetero.emulate import Throttle
-from lightning_hetero.microbatch import micro_sizes
+from lightning_hetero.microbatch import converted_accumulation, micro_sizes
 
 
 def _step_s(throttle, rank, samples, bound):
@@ -52,3 +52,13 @@ def test_fsdp_runs_the_pair_sharded(monkeypatch, capsys, flags, sharded):
     micro.main(["--repeats", "1", *flags])
     assert calls == [sharded]
     assert ("HeteroFSDPStrategy" in capsys.readouterr().out) is sharded
+
+
+def test_unchanged_the_hetero_run_is_ddps_program_which_the_strategy_plans_the_same_way():
+    shared, hetero = configs(unchanged=True)
+    assert hetero == {}  # accumulate_grad_batches=4 and loader batch 4, no hetero option
+    assert converted_accumulation(shared["accumulate_grad_batches"], None, None, "uniform") == 4
+    # loader batch x accumulation x ranks: the explicit form's global batch
+    assert (
+        shared["batch_size"] * 4 * shared["workers"] == configs()[1]["extra"]["global_batch_size"]
+    )

@@ -1,12 +1,21 @@
 """Micro-batch sizes, batch cutting and the option's checks (no process group)."""
 
+import re
+
 import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_hetero import HeteroStrategy
-from lightning_hetero.microbatch import micro_bounds, micro_sizes, split_batch, step_loss
+from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
+from lightning_hetero.microbatch import (
+    converted_accumulation,
+    micro_bounds,
+    micro_sizes,
+    per_step_count,
+    split_batch,
+    step_loss,
+)
 
 
 @pytest.mark.parametrize(
@@ -107,21 +116,31 @@ class _Manual(BoringModel):
 
 
 @pytest.mark.parametrize(
-    ("model", "trainer_options", "message"),
+    ("strategy_class", "model", "trainer_options", "message"),
     [
-        (_Manual, {}, "_Manual uses manual optimization"),
+        (HeteroStrategy, _Manual, {}, "_Manual uses manual optimization"),
         (
+            HeteroStrategy,
             BoringModel,
             {"accumulate_grad_batches": 4},
-            "`accumulate_grad_batches=4` both accumulate.*global_batch_size.*micro_batch_size",
+            r"micro_batch_size=2.*`accumulate_grad_batches=4` would accumulate.*"
+            r"global_batch_size=<samples per optimizer step>.*micro_batch_size=",
+        ),
+        # FSDP2 does not take Lightning's accumulation over: both together are refused
+        (
+            HeteroFSDPStrategy,
+            BoringModel,
+            {"accumulate_grad_batches": 4},
+            r"HeteroFSDPStrategy\(micro_batch_size=2\).*`accumulate_grad_batches=4` would"
+            r" accumulate.*global_batch_size=<samples per optimizer step>",
         ),
     ],
 )
 def test_what_micro_batches_cannot_run_exactly_is_refused_at_set_up(
-    tmp_path, model, trainer_options, message
+    tmp_path, strategy_class, model, trainer_options, message
 ):
     trainer = pl.Trainer(
-        strategy=HeteroStrategy(micro_batch_size=2),
+        strategy=strategy_class(micro_batch_size=2),
         accelerator="cpu",
         devices=1,
         max_steps=1,
@@ -168,3 +187,155 @@ def test_auto_takes_each_ranks_micro_batch_bound_from_the_memory_probe(tmp_path,
     # memory bounds the micro-batch, never the share: the batch stays 8, run as 3 + 3 + 2
     assert strategy.batch_sizes == [8] and strategy.plan_state.measured_max is None
     assert model.seen == [3, 3, 2] * 2
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"micro_batch_size": 2}, "micro_batch_size=2"),
+        ({"global_batch_size": 32}, "global_batch_size=32"),
+        ({"batch_sizes": [3, 5]}, "batch_sizes=[3, 5]"),
+    ],
+)
+def test_accumulation_is_taken_over_only_where_no_option_plans_the_step_already(options, named):
+    given = {"micro_batch_size": None, "global_batch_size": None, "batch_sizes": "uniform"}
+    assert converted_accumulation(4, **given) == 4
+    assert converted_accumulation(1, **{**given, **options}) == 1
+    message = rf"{re.escape(named)}.*global_batch_size=.*micro_batch_size="
+    with pytest.raises(ValueError, match=message):
+        converted_accumulation(4, **{**given, **options})
+
+
+def test_counts_of_loader_batches_become_counts_of_optimizer_steps():
+    assert per_step_count("val_check_interval", 12, 4) == 3
+    assert per_step_count("limit_train_batches", 1.0, 4) == 1.0  # a fraction of the epoch
+    with pytest.raises(ValueError, match="`val_check_interval=10`.*multiple of 4"):
+        per_step_count("val_check_interval", 10, 4)
+
+
+class _Recorded(BoringModel):
+    """Records each training step's samples and the steps the loop counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+        self.sums: list[torch.Tensor] = []
+        self.stepped: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(len(batch))
+        self.sums.append(batch.detach().sum())
+        return super().training_step(batch, batch_idx)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.stepped.append(self.trainer.global_step)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.layer.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
+
+    def train_dataloader(self):
+        generator = torch.Generator().manual_seed(3)
+        data = torch.randn(96, 32, generator=generator)
+        return torch.utils.data.DataLoader(data, batch_size=4, shuffle=False)
+
+
+def _accumulating_fit(tmp_path, strategy, ckpt_path=None, **options):
+    torch.manual_seed(0)
+    model = _Recorded()
+    settings = {
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+        "enable_progress_bar": False,
+        "num_sanity_val_steps": 0,
+        **options,
+    }
+    trainer = pl.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=4,
+        default_root_dir=tmp_path,
+        **settings,
+    )
+    trainer.fit(model, ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def test_accumulation_runs_as_one_global_batch_and_steps_as_lightnings_accumulation(tmp_path):
+    options = {"max_steps": 5, "val_check_interval": 8, "limit_val_batches": 1}
+    plain, expected = _accumulating_fit(tmp_path / "plain", "auto", **options)
+    strategy = HeteroStrategy(controller="static", shuffle=False)  # the loader's order
+    trainer, got = _accumulating_fit(tmp_path / "hetero", strategy, **options)
+    # one global batch of loader batch x 4 x 1 rank per optimizer step, in micro-batches of 4
+    assert strategy.batch_sizes == [16] and strategy.micro_bounds == [4]
+    assert got.seen == expected.seen == [4] * 20
+    assert trainer.global_step == plain.global_step == 5
+    assert got.stepped == [1, 2, 3, 4, 5]  # one loop batch per optimizer step
+    # Lightning's 1/4 per accumulated batch and the strategy's samples / B are the same step,
+    # and the scheduler stepped once per optimizer step in both
+    for mine, theirs in zip(got.parameters(), expected.parameters()):
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
+    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == pytest.approx([0.1 / 32])
+    # validation every 8 loader batches = every 2 optimizer steps, as the user asked
+    assert trainer.val_check_batch == 2
+    # the user's Trainer settings are back once the fit ended
+    assert (trainer.accumulate_grad_batches, trainer.val_check_interval) == (4, 8)
+
+
+def test_a_val_check_interval_that_splits_an_optimizer_step_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="`val_check_interval=6`.*multiple of 4"):
+        _accumulating_fit(tmp_path, HeteroStrategy(), max_steps=1, val_check_interval=6)
+
+
+def test_a_run_resumed_inside_an_epoch_keeps_the_conversion_and_its_steps(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    # 96 samples, 16 per optimizer step: 6 steps an epoch; stop after 3, resume to 5
+    _, expected = _accumulating_fit(tmp_path / "whole", HeteroStrategy(shuffle=False), max_steps=5)
+    saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+    options = {"enable_checkpointing": True, "callbacks": [saving]}
+    _accumulating_fit(tmp_path / "first", HeteroStrategy(shuffle=False), max_steps=3, **options)
+    path = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
+    strategy = HeteroStrategy(shuffle=False)
+    resumed, model = _accumulating_fit(tmp_path / "resumed", strategy, path, max_steps=5)
+    assert strategy.batch_sizes == [16] and strategy.micro_bounds == [4]
+    assert resumed.global_step == 5 and model.stepped == [4, 5]
+    # steps 4 and 5, each its four micro-batches: the epoch's samples 48 to 79, in order
+    assert model.seen == [4] * 8 and len(model.sums) == 8
+    data = model.train_dataloader().dataset
+    expected_sums = [data[i : i + 4].sum() for i in range(48, 80, 4)]
+    torch.testing.assert_close(torch.stack(model.sums), torch.stack(expected_sums))
+    for mine, theirs in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
+
+
+class _Estimating(_Recorded):
+    def configure_optimizers(self):
+        self.estimated = self.trainer.estimated_stepping_batches  # loads the data early
+        return super().configure_optimizers()
+
+
+def test_the_estimated_optimizer_steps_are_lightnings_under_accumulation(tmp_path):
+    def estimate(strategy):
+        torch.manual_seed(0)
+        model = _Estimating()
+        trainer = pl.Trainer(
+            strategy=strategy,
+            accelerator="cpu",
+            devices=1,
+            accumulate_grad_batches=4,
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=False,
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(model)
+        return model.estimated, trainer.global_step
+
+    # 96 samples, 4 per loader batch, 4 accumulated: 6 optimizer steps an epoch
+    assert estimate("auto") == estimate(HeteroStrategy(shuffle=False)) == (6, 6)

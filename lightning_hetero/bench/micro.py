@@ -7,7 +7,9 @@ to hold 4 samples at once, a fixed cost of 1 unit per micro-batch (``Throttle``'
 - DDP: loader batch 4, ``accumulate_grad_batches=4`` (each rank 16 samples per step in four
   micro-batches; a step takes ``48 + 4`` units, the slow rank's);
 - ``HeteroStrategy(global_batch_size=32, micro_batch_size=4)``: the plan moves samples to
-  the fast rank, which runs them as more micro-batches (``24 + 6`` units at 24/8).
+  the fast rank, which runs them as more micro-batches (``24 + 6`` units at 24/8);
+  with ``--unchanged``, DDP's program as it is (``accumulate_grad_batches=4``, loader batch
+  4) under ``HeteroStrategy``, which plans the same global batch of micro-batches itself.
 
 Ideal ratio ``52 / 30 = 1.73`` (emulated costs only). The unit is 1 ms as the issue states
 it; on a loaded machine the real compute and the CPU contention of a micro-batch (a few ms)
@@ -37,9 +39,11 @@ MICRO, GLOBAL = 4, 32
 IDEAL = (3 * 16 + 4) / (24 + 6)
 
 
-def configs(epochs: int = 5, unit: float = 0.001) -> tuple[dict[str, Any], dict[str, Any]]:
+def configs(
+    epochs: int = 5, unit: float = 0.001, unchanged: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The pair's shared run config (DDP's) and the hetero run's additions; ``unit``: seconds
-    per emulated unit (1 ms as stated)."""
+    per emulated unit (1 ms as stated); ``unchanged``: none (DDP's accumulation as it is)."""
     ranks = len(SAMPLE_COST)
     scale = unit / 0.001
     shared = {
@@ -56,7 +60,7 @@ def configs(epochs: int = 5, unit: float = 0.001) -> tuple[dict[str, Any], dict[
         "accumulate_grad_batches": 1,
         "extra": {"global_batch_size": GLOBAL, "micro_batch_size": MICRO},
     }
-    return shared, hetero
+    return shared, {} if unchanged else hetero
 
 
 def ratio(pair: dict[str, dict[str, Any]], skip: int = 2) -> float:
@@ -73,8 +77,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--fsdp", action="store_true", help="FSDP2: ModelParallelStrategy vs HeteroFSDPStrategy"
     )
+    parser.add_argument(
+        "--unchanged",
+        action="store_true",
+        help="hetero runs DDP's program unchanged (accumulate_grad_batches=4, no options)",
+    )
     args = parser.parse_args(argv)
-    shared, hetero = configs(args.epochs, args.unit)
+    if args.unchanged and args.fsdp:  # HeteroFSDPStrategy does not take accumulation over
+        parser.error("--unchanged runs under HeteroStrategy only, not with --fsdp")
+    shared, hetero = configs(args.epochs, args.unit, args.unchanged)
     ratios, plans = [], []
     with tempfile.TemporaryDirectory() as folder:
         for repeat in range(args.repeats):
@@ -82,8 +93,10 @@ def main(argv: list[str] | None = None) -> None:
             ratios.append(ratio(pair))
             plans.append(pair["hetero"]["batch_sizes"])
     low, mid, high = min(ratios), statistics.median(ratios), max(ratios)
-    base, ours = ("FSDP2", "HeteroFSDPStrategy") if args.fsdp else ("DDP", "hetero")
-    print(f"{base} + accumulation / {ours} micro-batches, steady epoch time (ideal {IDEAL:.2f}x):")
+    base, arm = ("FSDP2", "HeteroFSDPStrategy micro-batches") if args.fsdp else ("DDP", "")
+    if not args.fsdp:
+        arm = "the same program under hetero" if args.unchanged else "hetero micro-batches"
+    print(f"{base} + accumulation / {arm}, steady epoch time (ideal {IDEAL:.2f}x):")
     print(f"  min {low:.2f}x  median {mid:.2f}x  max {high:.2f}x  ({mid / IDEAL:.0%} of ideal)")
     print(f"  ratios {[round(r, 3) for r in ratios]}; last plans {plans}")
 

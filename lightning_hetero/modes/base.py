@@ -92,6 +92,10 @@ class Mode:
     #: Runs a rank's share of a step as micro-batches (``micro_batch_size``): the loss is
     #: weighted by ``share`` and gradients accumulate until the step's last backward.
     micro_batches: ClassVar[bool] = False
+    #: Runs Lightning's ``accumulate_grad_batches=N`` as one global batch of micro-batches
+    #: per optimizer step (not under FSDP2, where held-gathered units would change the
+    #: memory a program that fit before needs).
+    takes_over_accumulation: ClassVar[bool] = False
 
     def __init__(self, controller: Controller, options: ModeOptions) -> None:
         self.controller = controller

@@ -27,6 +27,7 @@ class SynchronousMode(Mode):
     wraps_model: ClassVar[bool] = True
     replans_within_epoch: ClassVar[bool] = True
     micro_batches: ClassVar[bool] = True
+    takes_over_accumulation: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
