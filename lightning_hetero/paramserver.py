@@ -387,20 +387,6 @@ class ServerClient:
         """``ParameterServer.push`` on the server."""
         return self._call("push", _remote_push, self.rank, *args)
 
-    @staticmethod
-    def _share(
-        slot: _Slot,
-        grads: Sequence[torch.Tensor | None],
-        batch_size: int,
-        global_batch_size: int,
-    ) -> float:
-        """The learning-rate factor of a push under the slot's rule (under the lock: the
-        ``"noise"`` rule counts the push's gradients first)."""
-        if slot.noise is None:
-            return lr_factor(slot.rule, batch_size / global_batch_size)
-        slot.noise.observe(grads, batch_size, global_batch_size)
-        return slot.noise.factor(batch_size / global_batch_size)
-
     def pull(self, index: int) -> PushResult:
         """``ParameterServer.pull`` on the server."""
         return self._call("pull", _remote_pull, index)
