@@ -327,12 +327,13 @@ class HeteroEngine:
     def _take_over_accumulation(self, trainer: "pl.Trainer") -> None:
         """Run Lightning's ``accumulate_grad_batches=N`` as one global batch per optimizer step.
 
-        Where the mode runs micro-batches, the ``N * b * K`` samples of a step are planned
-        together and each rank's share runs as micro-batches of at most the loader batch
-        ``b`` (set once the loader is seen), so the share follows the speeds; Lightning runs
-        with accumulation 1 and its batch counts become optimizer steps (see
-        docs/memory.md, "the accumulation story"). Elsewhere each accumulated batch is
-        planned on its own, as before.
+        Where the mode takes accumulation over (``Mode.takes_over_accumulation``: DDP's
+        ``"bsp"``), the ``N * b * K`` samples of a step are planned together and each rank's
+        share runs as micro-batches of at most the loader batch ``b`` (set once the loader is
+        seen), so the share follows the speeds; Lightning runs with accumulation 1 and its
+        batch counts become optimizer steps (see docs/memory.md, "the accumulation story").
+        Elsewhere each accumulated batch is planned on its own, as before, and
+        ``micro_batch_size`` beside accumulation is refused.
         """
         state = self.plan_state
         state.accumulation = 1
