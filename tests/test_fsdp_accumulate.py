@@ -59,7 +59,6 @@ def _fit(model: _Deep) -> HeteroFSDPStrategy:
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=False,
     )
     trainer.fit(model)
     return strategy

@@ -331,7 +331,6 @@ def test_the_estimated_optimizer_steps_are_lightnings_under_accumulation(tmp_pat
             logger=False,
             enable_checkpointing=False,
             enable_model_summary=False,
-            enable_progress_bar=False,
             default_root_dir=tmp_path,
         )
         trainer.fit(model)
