@@ -9,6 +9,7 @@ from lightning_hetero.bench.noisy import (
     plan_figures,
     ratio,
     target,
+    wall_ratio,
 )
 from lightning_hetero.bench.run import RunConfig
 from lightning_hetero.emulate import Throttle
@@ -72,3 +73,18 @@ def test_the_ideal_ratio_is_ddps_mean_step_over_the_proportional_plans():
     # stalls the plan cannot avoid shrink the gain
     assert 1.0 < ideal("slower", 0.005, 0.15, 0.2) < ideal("slower", 0.005, 0.0, 0.2)
     assert round(ideal("slower", 0.005, 0.15, 0.2), 3) == 1.142
+
+
+def test_loading_on_the_training_thread_counts_in_the_target_and_the_ideal():
+    config = RunConfig(**configs("slower", 6, 0.005, 0.15, 0.2, load_cost=0.005))
+    assert config.load_cost == 0.005
+    # speeds 1 / 10 ms and 1 / 12.5 ms: the split of 64 is [35.6, 28.4]
+    assert target("slower", 0.005, 0.005) == pytest.approx([64 * 12.5 / 22.5, 64 * 10 / 22.5])
+    # loading both ranks pay narrows the gap a plan can close
+    assert 1.0 < ideal("slower", 0.005, 0.0, 0.2, 0.005) < ideal("slower", 0.005, 0.0, 0.2)
+    # DDP 12.5 ms x 32 = 400 ms; plan [36, 28]: max(10 ms x 36, 12.5 ms x 28) = 360 ms
+    assert ideal("slower", 0.005, 0.0, 0.2, 0.005) == pytest.approx(0.4 / 0.36)
+
+
+def test_the_wall_ratio_is_of_whole_fits():
+    assert wall_ratio({"ddp": {"fit_s": 30.0}, "hetero": {"fit_s": 20.0}}) == 1.5

@@ -9,6 +9,10 @@ run stall at the same steps). Two clusters:
   sample); the speed-proportional split of 64 is ``[38.4, 25.6]``;
 - ``equal``: both ranks at ``--cost``; the plan should stay uniform.
 
+``--load-cost`` adds per-sample loading on the training thread on every rank (Lightning's
+default ``num_workers=0``: ``Throttle(load_cost=...)``), which a smaller batch also saves;
+the speed-proportional target and the ideal ratio then count it.
+
 Every repeat runs DDP and HeteroStrategy back to back on each cluster (alternating which
 goes first). The report gives the plan after every boundary (one per epoch), how many
 boundaries the plan took to come within ``--tolerance`` of the target (the proportional
@@ -39,6 +43,7 @@ __all__ = [
     "plan_figures",
     "ratio",
     "target",
+    "wall_ratio",
 ]
 
 #: Per-sample cost of each rank, in units of ``--cost``.
@@ -47,12 +52,19 @@ BATCH_SIZE = 32  # per rank under DDP
 
 
 def configs(
-    cluster: str, epochs: int, cost: float, stall_p: float, stall_s: float
+    cluster: str,
+    epochs: int,
+    cost: float,
+    stall_p: float,
+    stall_s: float,
+    load_cost: float = 0.0,
 ) -> dict[str, Any]:
-    """The pair's run config (``RunConfig`` fields) on ``cluster``."""
+    """The pair's run config (``RunConfig`` fields) on ``cluster``; ``load_cost``: seconds of
+    loading per sample on every rank's training thread."""
     return {
         "workers": len(CLUSTERS[cluster]),
         "sample_cost": [cost * units for units in CLUSTERS[cluster]],
+        "load_cost": load_cost,
         "stalls": [stall_p, stall_s],
         "epochs": epochs,
         "batch_size": BATCH_SIZE,
@@ -60,9 +72,10 @@ def configs(
     }
 
 
-def target(cluster: str) -> list[float]:
-    """The speed-proportional split of the global batch (not rounded)."""
-    speeds = [1.0 / units for units in CLUSTERS[cluster]]
+def target(cluster: str, cost: float = 1.0, load_cost: float = 0.0) -> list[float]:
+    """The speed-proportional split of the global batch (not rounded): each rank's speed is
+    one over its per-sample cost, loading included."""
+    speeds = [1.0 / (cost * units + load_cost) for units in CLUSTERS[cluster]]
     total = BATCH_SIZE * len(speeds)
     return [total * s / sum(speeds) for s in speeds]
 
@@ -80,10 +93,12 @@ def expected_step_s(costs: list[float], plan: list[int], stall_p: float, stall_s
     return mean
 
 
-def ideal(cluster: str, cost: float, stall_p: float, stall_s: float) -> float:
+def ideal(
+    cluster: str, cost: float, stall_p: float, stall_s: float, load_cost: float = 0.0
+) -> float:
     """DDP's mean emulated step over that of the rounded proportional plan (real compute left
     out): the ratio of epoch times the emulation allows."""
-    costs = [cost * units for units in CLUSTERS[cluster]]
+    costs = [cost * units + load_cost for units in CLUSTERS[cluster]]
     uniform = [BATCH_SIZE] * len(costs)
     best = proportional_split([1.0 / c for c in costs], sum(uniform))
     return expected_step_s(costs, uniform, stall_p, stall_s) / expected_step_s(
@@ -116,6 +131,11 @@ def ratio(pair: dict[str, dict[str, Any]], skip: int) -> float:
     return ddp / hetero
 
 
+def wall_ratio(pair: dict[str, dict[str, Any]]) -> float:
+    """DDP's whole ``fit`` over the hetero run's: every epoch, the first boundaries included."""
+    return pair["ddp"]["fit_s"] / pair["hetero"]["fit_s"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m lightning_hetero.bench.noisy", description=__doc__.splitlines()[0]
@@ -126,19 +146,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cost", type=float, default=0.005, help="seconds per sample of rank 0")
     parser.add_argument("--stall-p", type=float, default=0.15, help="share of steps that stall")
     parser.add_argument("--stall-s", type=float, default=0.2, help="seconds of a stall")
+    parser.add_argument(
+        "--load-cost",
+        type=float,
+        default=0.0,
+        help="seconds of loading per sample on every rank's training thread (num_workers=0)",
+    )
     parser.add_argument("--clusters", nargs="+", choices=list(CLUSTERS), default=list(CLUSTERS))
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.epochs <= args.skip or args.cost <= 0:
-        parser.error("need --repeats >= 1, --epochs > --skip and --cost > 0")
+    if args.repeats < 1 or args.epochs <= args.skip or args.cost <= 0 or args.load_cost < 0:
+        parser.error("need --repeats >= 1, --epochs > --skip, --cost > 0 and --load-cost >= 0")
     tolerances = {"slower": 0.15, "equal": 0.10}
     print("load average at the start: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
     with tempfile.TemporaryDirectory() as folder:
         for cluster in args.clusters:
-            config = configs(cluster, args.epochs, args.cost, args.stall_p, args.stall_s)
-            goal, tolerance = target(cluster), tolerances[cluster]
-            ratios, reached = [], []
-            print(f"{cluster}: sample_cost {config['sample_cost']}, stalls {config['stalls']},")
-            allowed = ideal(cluster, args.cost, args.stall_p, args.stall_s)
+            config = configs(
+                cluster, args.epochs, args.cost, args.stall_p, args.stall_s, args.load_cost
+            )
+            goal = target(cluster, args.cost, args.load_cost)
+            tolerance = tolerances[cluster]
+            ratios, walls, reached = [], [], []
+            print(
+                f"{cluster}: sample_cost {config['sample_cost']}, load_cost {args.load_cost},"
+                f" stalls {config['stalls']},"
+            )
+            allowed = ideal(cluster, args.cost, args.stall_p, args.stall_s, args.load_cost)
             print(
                 f"  target {[round(g, 1) for g in goal]} within {tolerance:.0%};"
                 f" ideal DDP/hetero {allowed:.3f}x (emulated costs, stalls included)"
@@ -147,15 +179,17 @@ def main(argv: list[str] | None = None) -> None:
                 pair = run_pair(config, repeat, Path(folder))
                 figures = plan_figures(pair["hetero"]["history"], goal, tolerance)
                 ratios.append(ratio(pair, args.skip))
+                walls.append(wall_ratio(pair))
                 reached.append(figures["boundaries_to_reach"])
                 distances = [f"{d:.0%}" for d in figures["distances"]]
                 print(
                     f"  repeat {repeat}: plans {figures['plans']}\n"
                     f"    distance {distances}, boundaries to reach"
                     f" {figures['boundaries_to_reach']}, stays {figures['stays']},"
-                    f" DDP/hetero {ratios[-1]:.3f}x"
+                    f" DDP/hetero {ratios[-1]:.3f}x (whole fit {walls[-1]:.3f}x)"
                 )
             print(f"  DDP/hetero steady epoch time (min / median / max): {spread(ratios)}")
+            print(f"  DDP/hetero whole fit wall time (min / median / max): {spread(walls)}")
             print(f"  boundaries to reach per repeat: {reached}")
     print("load average at the end: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
 
