@@ -141,3 +141,31 @@ def test_a_failed_held_probe_step_restores_the_switches_and_reshards():
     assert model.switches == [[HELD] * 2]
     assert all(s["reduce_grads"] for s in _switches(model))
     assert all(group.is_sharded for group in fsdp_param_groups(model))
+
+
+def test_auto_refuses_on_every_rank_when_a_rank_cannot_hold_the_gathered_model(monkeypatch):
+    """A budget too small for one held micro-batch: the rank joins the gather of the bounds
+    with none (the others would wait for it there), and the refusal says what to give."""
+    from lightning_hetero import memory_probe
+    from lightning_hetero.collectives import Collectives
+    from lightning_hetero.planning import PlanError
+
+    monkeypatch.setattr(memory_probe, "host_budget_bytes", lambda: 1.0)
+    gathered = []
+    original = Collectives.gather_rows
+
+    def gather_rows(self, values):
+        gathered.append(list(values))
+        return original(self, values)
+
+    monkeypatch.setattr(Collectives, "gather_rows", gather_rows)
+    model = _Deep()
+    message = (
+        r"micro_batch_size='auto'.*rank\(s\) \[0\] cannot hold a batch of one sample"
+        r".*Not even a batch of 1.*gathered.*as ints.*max_batch_size"
+    )
+    with pytest.raises(PlanError, match=message):
+        _probing_fit(model, micro_batch_size="auto")
+    assert model.seen == [2, 2, 4, 4]  # both sizes ran (held) before the fit was refused
+    assert gathered == [[0, 0.0, 0.0]]  # this rank's bound: none
+    assert all(group.is_sharded for group in fsdp_param_groups(model))
