@@ -165,10 +165,8 @@ class StepProbe:
                     step, sizes, device, safety=safety, cap=total, share=share, agree=self.agree
                 )
             except PlanError as caught:
-                if self.agree is None:
-                    raise
-                # sharded ranks probed the same sizes and are about to gather their bounds:
-                # this rank joins with none (0), so that every rank refuses, none waits
+                # the other ranks are about to gather their bounds: this rank joins with none
+                # (0), so that every rank refuses and none waits for it there
                 error, bound, model, result = caught, 0, None, None
         reset_peak_memory(device)  # the probe's peak is not training's
         bound = total if bound is None else bound
@@ -208,22 +206,22 @@ class StepProbe:
 
     @staticmethod
     def _refuse(option: str, bounds: list[int], error: PlanError | None, held: bool) -> None:
-        """Raise on every rank: some rank's memory holds not even one sample."""
+        """Raise on every rank: the probe found no batch size that fits on some rank."""
         ranks = [rank for rank, bound in enumerate(bounds) if bound < 1]
         why = f" (this rank: {error})" if error is not None else ""
         if held:
             advice = (
                 " Under HeteroFSDPStrategy a step's micro-batches hold every unit's parameters"
-                " gathered and every gradient unsharded, and that does not fit there with one"
-                " sample. Give `micro_batch_size` as ints (a bound at least a rank's share runs"
+                " gathered and every gradient unsharded for the whole step, which does not fit"
+                " there. Give `micro_batch_size` as ints (a bound at least a rank's share runs"
                 " it as one ordinary FSDP step), bound those ranks' shares with"
                 " `max_batch_size` and drop `micro_batch_size`, or shard over more ranks."
             )
         else:
             advice = " Set `max_batch_size` explicitly, or probe smaller `probe_batch_sizes`."
         raise PlanError(
-            f"hetero: {option}: the memory probe found that rank(s) {ranks} cannot hold a"
-            f" batch of one sample{why}.{advice}"
+            f"hetero: {option}: the memory probe found no batch size that fits on rank(s)"
+            f" {ranks}{why}.{advice}"
         )
 
     def time(self, largest: int) -> TimeModel:
