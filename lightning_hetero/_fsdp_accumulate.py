@@ -84,15 +84,19 @@ class UnshardedAccumulation:
             for name, value in HELD.items():
                 setattr(group, name, value)
 
-    def release(self, reshard: bool = False) -> None:
-        """Put each group's own switches back (no-op unless held); ``reshard``: also free
-        the gathered parameters now (after a failed step: no collective)."""
+    def release(self) -> None:
+        """Put each group's own switches back (no-op unless held)."""
         saved, self._saved = self._saved, None
         for group, values in saved or ():
             for name, value in values.items():
                 setattr(group, name, value)
-            if reshard:
-                group.reshard()
+
+    def abandon(self, module: nn.Module) -> None:
+        """After a failed micro-batch: ``release`` and free every unit's gathered parameters
+        now (no collective), also where the step's last forward had released them already."""
+        self.release()
+        for group in fsdp_param_groups(module):
+            group.reshard()
 
 
 def _lazy_init_roots(module: nn.Module) -> None:

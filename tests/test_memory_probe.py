@@ -586,7 +586,7 @@ def test_the_probe_plans_an_mps_limited_client_for_its_whole_reported_budget(mon
     probe = _probes.StepProbe.__new__(_probes.StepProbe)
     probe.context = SimpleNamespace(device=gpu, devices=[gpu] * 4)
     probe.loader = SimpleNamespace(dataset=range(100))
-    probe.agree = None
+    probe.agree = probe.micro = None
     monkeypatch.setattr(probe, "steps", lambda *a, **k: contextlib.nullcontext(None), raising=False)
     with pytest.raises(RuntimeError, match="stop here"):
         probe.memory(32, [4, 8], 0.9)

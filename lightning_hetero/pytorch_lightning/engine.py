@@ -11,7 +11,7 @@ Each strategy adds its constructor and how it wraps the model.
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import pytorch_lightning as pl
 import torch
@@ -135,6 +135,10 @@ class HeteroEngine:
     replanner: Replanner
     #: What ``max_batch_size="auto"`` found on this rank: the bound and the fitted model.
     memory_probe: dict[str, Any] | None
+    #: Whether a step's micro-batches hold more memory than one ordinary step (FSDP2: every
+    #: unit gathered for the whole step): ``micro_batch_size="auto"`` then probes held
+    #: micro-batches (DDP's hold what an ordinary step holds: it probes ordinary steps).
+    micro_batches_hold_more: ClassVar[bool] = False
 
     def _start_hetero(
         self, training_mode: Mode, plan_state: PlanState, shared: HeteroOptions
@@ -468,9 +472,13 @@ class HeteroEngine:
         # step runs as in training (inside the sharded root's forward)
         sharded = mode.probe_steps_communicate
         module = self.lightning_module
+        micro_auto = self.micro_batch_size == "auto"
+        # where micro-batches hold more than a step, the probe runs them (the same hooks
+        # as training's `_micro_step`), so that its bound is a micro-batch's
+        held = micro_auto and self.micro_batches_hold_more
 
         def training_step(batch: Any, batch_idx: int) -> Any:
-            if sharded:  # one batch, never micro-batches: a probe measures one step
+            if sharded:  # the probe's own batch (held: around it, `_micro_forward`)
                 return self._training_step(batch, batch_idx)
             with self.precision_plugin.train_step_context():
                 return module.training_step(batch, batch_idx)
@@ -484,9 +492,10 @@ class HeteroEngine:
             emulation=emulation,
             extra=mode.timed_step_extra,
             agree=self.comm.any if sharded else None,
+            micro=self._micro_forward if held else None,
+            micro_failed=self._micro_failed if held else None,
         )
         state = self.plan_state
-        micro_auto = self.micro_batch_size == "auto"
         if (state.max_batch_size == "auto" or micro_auto) and self.memory_probe is None:
             total = state.global_batch_size or (loader.batch_size or 1) * self.world_size
             self.memory_probe = probe.memory(total, self.probe_batch_sizes, self.memory_safety)

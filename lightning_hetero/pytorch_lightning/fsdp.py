@@ -62,13 +62,15 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     ``min_batch_size``, ``max_batch_size``, ``memory_safety``, ``probe_batch_sizes``,
     ``deadband``, ``revert_slower``, ``smoothing``, ``adjust_every``, ``shuffle``) mean what
     they mean for [`HeteroStrategy`][lightning_hetero.HeteroStrategy]. ``micro_batch_size``
-    (an int, or one per rank; not ``"auto"``) runs a rank's share as micro-batches with the
+    (an int, one per rank, or ``"auto"``) runs a rank's share as micro-batches with the
     collectives of one FSDP step: from the step's first forward to its last, every unit's
-    parameters stay gathered and its gradients unsharded (see
+    parameters stay gathered and its gradients unsharded. ``"auto"`` measures that: the
+    memory probe runs each size as two micro-batches held as in training (see
     [Memory-bound ranks](../memory.md)).
     """
 
     strategy_name = "hetero_fsdp"
+    micro_batches_hold_more = True  # every unit gathered from a step's first micro-batch on
 
     def __init__(
         self,
@@ -118,15 +120,6 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
             raise ValueError(
                 f"HeteroFSDPStrategy runs mode='bsp' only (sharded training is synchronous),"
                 f" got mode={mode!r}; for {mode!r} use HeteroStrategy(mode={mode!r})."
-            )
-        if micro_batch_size == "auto":
-            raise ValueError(
-                "HeteroFSDPStrategy takes `micro_batch_size` as an int or one int per rank, not"
-                " 'auto': the memory probe measures one FSDP step, in which each unit's"
-                " parameters are gathered only while it runs, but micro-batches hold every"
-                " unit's parameters and gradients unsharded for the whole step, so its bound"
-                " would not fit. Give each rank's bound (e.g. micro_batch_size=[8, 2]), or use"
-                " max_batch_size='auto' without micro-batches."
             )
         if shard_modules is not None and not all(isinstance(n, str) for n in shard_modules):
             raise TypeError(f"`shard_modules` must be a list of class names, got {shard_modules}.")
@@ -187,7 +180,7 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
 
     @override
     def _micro_failed(self) -> None:
-        self._accumulation.release(reshard=True)
+        self._accumulation.abandon(self.model)
 
     @override
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:

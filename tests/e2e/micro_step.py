@@ -1,7 +1,8 @@
 """SGD steps on gloo ranks that run their shares as micro-batches; rank 0 saves the result.
 
 usage: python micro_step.py OUT_PATH PLAN BOUNDS CLIP PRECISION STEPS [STRATEGY]
-(PLAN, BOUNDS: JSON lists, one entry per rank; CLIP: 0 for none; STRATEGY: ``ddp``, the
+(PLAN, BOUNDS: JSON lists, one entry per rank, BOUNDS also ``"auto"``: the memory probe's, at
+the sizes ``PROBE_SIZES``; CLIP: 0 for none; STRATEGY: ``ddp``, the
 default, or ``fsdp`` (``HeteroFSDPStrategy``, the deep model: each Linear a unit) or
 ``fsdp_root`` (the deep model sharded as one root unit))
 """
@@ -16,6 +17,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
+
+PROBE_SIZES = [2, 4]  # with BOUNDS "auto"
 
 
 def dataset(samples: int) -> TensorDataset:
@@ -78,6 +81,8 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     # the expected gradients slice the data in order
     options = dict(batch_sizes=plan, controller="static", shuffle=False, micro_batch_size=bounds)
+    if bounds == "auto":
+        options["probe_batch_sizes"] = PROBE_SIZES
     if kind == "ddp":
         strategy = HeteroStrategy(**options)
     else:
@@ -109,5 +114,6 @@ if __name__ == "__main__":
     if trainer.global_rank == 0:
         metric = float(trainer.callback_metrics["target_mean"])
         result = {"state": state, "seen": seen, "target_mean": metric}
+        result["probe"], result["micro_bounds"] = strategy.memory_probe, strategy.micro_bounds
         torch.save({**result, "collectives": collectives}, out)
     torch.distributed.destroy_process_group()

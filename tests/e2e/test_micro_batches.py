@@ -121,3 +121,24 @@ def test_sharded_micro_batches_eight_beside_one_issue_one_steps_collectives_exac
         torch.testing.assert_close(got["state"][name], value, atol=tolerance, rtol=0, msg=name)
     start = initial_layer(deep=True).state_dict()  # the steps moved the parameters
     assert any((got["state"][n] - start[n]).abs().max() > 1e-3 for n in start)
+
+
+def test_auto_bounds_under_fsdp_probe_held_micro_batches_in_lock_step_and_stay_exact(tmp_path):
+    """HeteroFSDPStrategy(micro_batch_size="auto"): both ranks probe each size as two
+    micro-batches held as in training, issuing one ordinary step's collectives per size (a
+    rank out of step would hang: the run has a timeout); the gathered bounds become the
+    micro-batch bounds and the steps stay exact."""
+    from tests.e2e.micro_step import PROBE_SIZES
+
+    plan, steps = [16, 4], 2
+    got = run(tmp_path, plan, "auto", steps=steps, kind="fsdp")
+    probe, bounds = got["probe"], got["micro_bounds"]
+    assert probe["micro_batches"] == 2 and [s for s, _ in probe["samples"]] == PROBE_SIZES
+    assert bounds == probe["max_batch_sizes"] and len(bounds) == 2 and min(bounds) >= 1
+    held = [size for size in PROBE_SIZES for _ in range(2)]  # two micro-batches per size
+    for rank, (samples, bound) in enumerate(zip(plan, bounds)):
+        assert got["seen"][rank] == held + micro_sizes(samples, bound) * steps
+    assert got["collectives"] == [ONE_STEP["fsdp"] * (len(PROBE_SIZES) + steps)] * 2
+    expected, _ = reference(plan, plan, steps=steps, deep=True)
+    for name, value in expected.items():
+        torch.testing.assert_close(got["state"][name], value, atol=1e-5, rtol=0, msg=name)
