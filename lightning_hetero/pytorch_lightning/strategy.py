@@ -110,8 +110,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             server measures, so that a round of pushes moves about one DDP step whether the
             ranks' gradients agree or not; ``"auto"`` (default): for adaptive optimizers
             (Adam, AdamW, RMSprop, Adagrad and their kin, or any optimizer whose parameter
-            groups have e.g. ``betas``) ``"noise"`` in async mode and ``"sqrt"`` in the
-            others, ``"linear"`` for other optimizers; ``"none"``
+            groups have e.g. ``betas``) ``"noise"`` in async mode and ``"sqrt"`` in local
+            mode, ``"linear"`` for other optimizers and with ``controller="dual"``; ``"none"``
             (``False``): ``lr`` unchanged (for ablations). Async mode: ``s = b_k / B`` per
             push; dual batch (``controller="dual"``): ``s = b_k / (n * B_L)``; local mode:
             ``s = b_k * K / B``, 1 at an even split of ``B`` over ``K`` ranks (see
