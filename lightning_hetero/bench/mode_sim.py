@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from lightning_hetero._optim import lr_factor, lr_rule, scaled_lr
+from lightning_hetero._optim import lr_factor, lr_rule, replica_factor, scaled_lr
 from lightning_hetero.bench.workload import ReverseTransformer, reverse_tensors
 from lightning_hetero.paramserver import ParameterServer
 from lightning_hetero.planning.dual import TimeModel, plan_dual_batch
@@ -29,17 +29,20 @@ __all__ = ["RULES", "simulate"]
 
 #: The compared update rules: ``ddp``; ``async`` with ``lr_scaling`` ``"auto"`` (the
 #: measured-noise rule for Adam), ``"sqrt"`` or ``"linear"`` (paper 002's rule); ``local``
-#: with ``"auto"`` (square root) or ``"linear"``, or every replica at ``sqrt(K)`` times
-#: ``"auto"``'s learning rate (``local-sqrtk``); dual batch (``controller="dual"``) with
-#: ``"auto"``, ``"linear"``, ``"noise"`` or paper 003's rule (``update_factor="ratio"``).
+#: with ``"auto"`` (square root: ``sqrt(K)`` times ``lr`` per replica at an even split),
+#: ``"linear"`` (``lr``) or the square-root rule before issue 32's measurements (``lr``,
+#: ``local-lr``); dual batch (``controller="dual"``) with ``"auto"`` (linear), ``"sqrt"``,
+#: the measured-noise rule (not an option of the strategy there) or paper 003's rule
+#: (``update_factor="ratio"``).
 RULES = (
-    "ddp", "async", "async-sqrt", "async-linear", "local", "local-linear", "local-sqrtk",
-    "dual", "dual-linear", "dual-noise", "dual-paper",
+    "ddp", "async", "async-sqrt", "async-linear", "local", "local-linear", "local-lr",
+    "dual", "dual-sqrt", "dual-noise", "dual-paper",
 )  # fmt: skip
-#: ``lr_scaling`` of each rule (``ddp`` and ``dual-paper`` take none).
+#: The scaling rule of each (``ddp`` and ``dual-paper`` take none; ``dual``: what ``"auto"``
+#: is with ``controller="dual"``).
 SCALING = {
     "async": "auto", "async-sqrt": "sqrt", "async-linear": "linear", "local": "auto",
-    "local-linear": "linear", "local-sqrtk": "auto", "dual": "auto", "dual-linear": "linear",
+    "local-linear": "linear", "local-lr": "auto", "dual": "linear", "dual-sqrt": "sqrt",
     "dual-noise": "noise",
 }  # fmt: skip
 
@@ -87,8 +90,8 @@ def simulate(
     else:
         replicas = [copy.deepcopy(model) for _ in range(workers)]
         optimizers = [torch.optim.Adam(r.parameters(), lr=lr) for r in replicas]
-        # local-sqrtk: every replica at sqrt(K) times the rule's learning rate
-        boost = math.sqrt(workers) if rule == "local-sqrtk" else 1.0
+        # local-lr: the square-root rule before issue 32's measurements, sqrt(K) times less
+        boost = 1 / math.sqrt(workers) if rule == "local-lr" else 1.0
     curve = []
     for epoch in range(epochs):
         order = torch.randperm(len(x))
@@ -120,7 +123,7 @@ def simulate(
                     for group in opt.param_groups:
                         group["lr"] = lr * factor
                     rule_k = lr_rule(SCALING.get(rule, "auto"), opt)
-                    share = lr_factor(rule_k, local * workers / global_batch) * boost
+                    share = replica_factor(rule_k, local, global_batch, workers) * boost
                     with scaled_lr(opt, share):
                         opt.step()
             if rule.startswith("local") and ((step + 1) % merge_every == 0 or step == steps - 1):
