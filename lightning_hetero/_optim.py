@@ -16,6 +16,7 @@ __all__ = [
     "lr_rule",
     "optimizer_params",
     "patched",
+    "replica_factor",
     "scaled_lr",
 ]
 
@@ -114,6 +115,26 @@ def lr_factor(rule: str, share: float) -> float:
         f"Unknown learning-rate scaling rule {rule!r}; expected linear, sqrt or none ('noise'"
         " is measured: NoiseScale.factor)."
     )
+
+
+def replica_factor(rule: str, batch_size: int, global_batch_size: int, replicas: int) -> float:
+    """The learning-rate factor of a local-SGD replica's step on ``batch_size`` of the
+    global batch's ``global_batch_size`` samples, averaged over ``replicas`` replicas.
+
+    A merge moves the model by the mean of the replicas' steps, ``1 / K`` of each; so that a
+    replica's step moves the merged model as far as a push of its ``b_k`` samples moves the
+    server's (``lr_factor`` of ``b_k / B``), its factor is ``K`` times that: ``K b_k / B``
+    (linear rule; 1 at an even split) or ``K sqrt(b_k / B)`` (square-root rule; ``sqrt(K)``
+    at an even split, where ``K`` Adam replicas at ``lr`` moved about ``1 / sqrt(K)`` of
+    DDP's step per sample, issue 32). ``"none"``: 1.
+
+    Examples:
+        >>> replica_factor("linear", 32, 128, 4), replica_factor("sqrt", 32, 128, 4)
+        (1.0, 2.0)
+    """
+    if rule == "none":
+        return 1.0
+    return replicas * lr_factor(rule, batch_size / global_batch_size)
 
 
 class NoiseScale:

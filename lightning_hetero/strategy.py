@@ -108,12 +108,13 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             server measures, so that a round of pushes moves about one DDP step whether the
             ranks' gradients agree or not; ``"auto"`` (default): for adaptive optimizers
             (Adam, AdamW, RMSprop, Adagrad and their kin, or any optimizer whose parameter
-            groups have e.g. ``betas``) ``"noise"`` in async mode and ``"sqrt"`` in the
-            others, ``"linear"`` for other optimizers; ``"none"``
+            groups have e.g. ``betas``) ``"noise"`` in async mode and ``"sqrt"`` in local
+            mode, ``"linear"`` for other optimizers and with ``controller="dual"``; ``"none"``
             (``False``): ``lr`` unchanged (for ablations). Async mode: ``s = b_k / B`` per
             push; dual batch (``controller="dual"``): ``s = b_k / (n * B_L)``; local mode:
-            ``s = b_k * K / B``, 1 at an even split of ``B`` over ``K`` ranks (see
-            [Training modes](../modes.md)).
+            ``K`` times the factor of ``s = b_k / B`` per replica step (a merge averages the
+            ``K`` replicas): ``lr`` at an even split under ``"linear"``, ``sqrt(K) * lr``
+            under ``"sqrt"`` (see [Training modes](../modes.md)).
         rpc_timeout: async mode: seconds a push or pull to the parameter server may take
             before the rank stops with an error naming it.
         timeout: how long a collective waits for every rank (``DDPStrategy``'s option). A rank

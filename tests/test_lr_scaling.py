@@ -25,6 +25,7 @@ from lightning_hetero._optim import (
     patched,
 )
 from lightning_hetero.modes import ModeOptions, ParameterServerMode
+from lightning_hetero.modes.dual import DualBatchMode
 from lightning_hetero.paramserver import ParameterServer, ServerClient
 from lightning_hetero.planning import make_controller
 from lightning_hetero.planning.dual import DualBatchController, TimeModel, plan_dual_batch
@@ -245,6 +246,23 @@ def test_dual_batch_scales_each_push_by_its_batch_share_of_ddps_step_by_default(
     paper = plan_dual_batch(model, 50000, 4, 1, 500, 1.1, update_factor="ratio")
     assert paper.update_factors[:3] == [1.0] * 3  # the paper's rule: full large-batch steps
     assert "batch share" in plan.table()
+
+
+def _dual_factor(optimizer: torch.optim.Optimizer, rank: int, **options) -> float:
+    plan = plan_dual_batch(TimeModel(a=1.0, b=24.66), 50000, 4, 1, 500, 1.1, "share")
+    mode = DualBatchMode(DualBatchController(), ModeOptions(**options))
+    mode.context = SimpleNamespace(rank=rank)
+    mode.dual_plan = plan
+    return mode.update_factor(optimizer)
+
+
+@pytest.mark.parametrize("name", ["Adam", "SGD"])
+def test_dual_batch_takes_the_linear_rule_of_the_batch_share_for_every_optimizer(name):
+    # with Adam the square-root rule diverged at DDP's largest stable lr on 4 ranks (issue 32)
+    optimizer = _make(name)
+    assert _dual_factor(optimizer, 0) == 500 / 2000  # a large-batch rank
+    assert _dual_factor(optimizer, 3) == 38 / 2000  # the small-batch rank
+    assert _dual_factor(optimizer, 3, lr_scaling="sqrt") == math.sqrt(38 / 2000)
 
 
 def test_dual_batch_with_the_papers_rule_refuses_a_batch_share_rule():

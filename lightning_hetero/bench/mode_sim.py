@@ -13,22 +13,38 @@ lightning_hetero.bench.modes`` (one process, one thread), for the rules' effect 
 
 import argparse
 import copy
+import heapq
 import math
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from lightning_hetero._optim import lr_factor, lr_rule, scaled_lr
+from lightning_hetero._optim import lr_factor, lr_rule, replica_factor, scaled_lr
 from lightning_hetero.bench.workload import ReverseTransformer, reverse_tensors
 from lightning_hetero.paramserver import ParameterServer
+from lightning_hetero.planning.dual import TimeModel, plan_dual_batch
 
 __all__ = ["RULES", "simulate"]
 
 #: The compared update rules: ``ddp``; ``async`` with ``lr_scaling`` ``"auto"`` (the
 #: measured-noise rule for Adam), ``"sqrt"`` or ``"linear"`` (paper 002's rule); ``local``
-#: with ``"auto"`` (square root) or ``"linear"``.
-RULES = ("ddp", "async", "async-sqrt", "async-linear", "local", "local-linear")
+#: with ``"auto"`` (square root: ``sqrt(K)`` times ``lr`` per replica at an even split),
+#: ``"linear"`` (``lr``) or the square-root rule before issue 32's measurements (``lr``,
+#: ``local-lr``); dual batch (``controller="dual"``) with ``"auto"`` (linear), ``"sqrt"``,
+#: the measured-noise rule (not an option of the strategy there) or paper 003's rule
+#: (``update_factor="ratio"``).
+RULES = (
+    "ddp", "async", "async-sqrt", "async-linear", "local", "local-linear", "local-lr",
+    "dual", "dual-sqrt", "dual-noise", "dual-paper",
+)  # fmt: skip
+#: The scaling rule of each (``ddp`` and ``dual-paper`` take none; ``dual``: what ``"auto"``
+#: is with ``controller="dual"``).
+SCALING = {
+    "async": "auto", "async-sqrt": "sqrt", "async-linear": "linear", "local": "auto",
+    "local-linear": "linear", "local-lr": "auto", "dual": "linear", "dual-sqrt": "sqrt",
+    "dual-noise": "noise",
+}  # fmt: skip
 
 
 def _schedule(done: float, warmup: float) -> float:
@@ -50,28 +66,32 @@ def simulate(
     epochs: int = 2,
     global_batch: int = 128,
     merge_every: int = 10,
+    train_size: int = 8192,
+    val_size: int = 1024,
 ) -> list[float]:
-    """Validation accuracy after each epoch of ``rule`` on ``workers`` emulated ranks."""
+    """Validation accuracy after each epoch of ``rule`` on ``workers`` emulated ranks
+    (``train_size`` and ``val_size`` sequences; the benchmark's task by default)."""
     torch.manual_seed(seed)
-    train, val = reverse_tensors(seed)
+    train, val = reverse_tensors(seed, train_size, val_size)
     x, y = train.tensors
     model = ReverseTransformer(lr=lr)
+    if rule.startswith("dual"):
+        return _simulate_dual(rule, workers, lr, epochs, global_batch, model, train, val)
     steps = len(x) // global_batch  # DDP's steps per epoch
-    warmup = 50 / (epochs * steps)
+    warmup = model.hparams.warmup  # fraction of training: 50 of DDP's 128 steps by default
     local = global_batch // workers
     if rule == "ddp":
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     elif rule.startswith("async"):
         server = ParameterServer(
-            [torch.optim.Adam(model.parameters(), lr=lr)],
-            workers,
-            {"async-linear": "linear", "async-sqrt": "sqrt"}.get(rule, "auto"),
+            [torch.optim.Adam(model.parameters(), lr=lr)], workers, SCALING[rule]
         )
         replicas = [copy.deepcopy(model) for _ in range(workers)]
     else:
         replicas = [copy.deepcopy(model) for _ in range(workers)]
         optimizers = [torch.optim.Adam(r.parameters(), lr=lr) for r in replicas]
-        scaling = "linear" if rule == "local-linear" else "auto"
+        # local-lr: the square-root rule before issue 32's measurements, sqrt(K) times less
+        boost = 1 / math.sqrt(workers) if rule == "local-lr" else 1.0
     curve = []
     for epoch in range(epochs):
         order = torch.randperm(len(x))
@@ -97,21 +117,16 @@ def simulate(
                 if rule.startswith("async"):  # gradient on the parameters pulled last
                     grads = [p.grad for p in replica.parameters()]
                     result = server.push(k, 0, grads, local, global_batch, [lr * factor], 0)
-                    with torch.no_grad():
-                        for p, value in zip(replica.parameters(), result.params):
-                            p.copy_(value)
+                    _load(replica, result.params)
                 else:
                     opt = optimizers[k]
                     for group in opt.param_groups:
                         group["lr"] = lr * factor
-                    share = lr_factor(lr_rule(scaling, opt), local * workers / global_batch)
+                    rule_k = lr_rule(SCALING.get(rule, "auto"), opt)
+                    share = replica_factor(rule_k, local, global_batch, workers) * boost
                     with scaled_lr(opt, share):
                         opt.step()
-            if (
-                rule.startswith("local")
-                and (step + 1) % merge_every == 0
-                or (rule.startswith("local") and step == steps - 1)
-            ):
+            if rule.startswith("local") and ((step + 1) % merge_every == 0 or step == steps - 1):
                 with torch.no_grad():
                     for params in zip(*(r.parameters() for r in replicas)):
                         mean = torch.stack([p.data for p in params]).mean(0)
@@ -121,10 +136,76 @@ def simulate(
         if rule != "ddp":
             evaluated = replicas[0]
             if rule.startswith("async"):
-                with torch.no_grad():
-                    for p, value in zip(evaluated.parameters(), server.pull(0).params):
-                        p.copy_(value)
+                _load(evaluated, server.pull(0).params)
         curve.append(_accuracy(evaluated, *val.tensors))
+    return curve
+
+
+def _load(model: nn.Module, values: Sequence[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for p, value in zip(model.parameters(), values):
+            p.copy_(value)
+
+
+def _simulate_dual(
+    rule: str,
+    workers: int,
+    lr: float,
+    epochs: int,
+    global_batch: int,
+    model: ReverseTransformer,
+    train: torch.utils.data.TensorDataset,
+    val: torch.utils.data.TensorDataset,
+) -> list[float]:
+    """Dual batch size learning on the real plan: the first half of the ranks push batches of
+    ``B_L = global_batch / workers``, the others of ``B_L / 2`` (a step costs ``b + 0.12
+    B_L`` time units, for which paper 003's planner gives ``B_S = B_L / 2`` at ``k = 1.05``),
+    each on its share of every epoch's permutation, in the order their steps end."""
+    x, y = train.tensors
+    large = global_batch // workers
+    time_model = TimeModel(a=1.0, b=0.12 * large)
+    factor_rule = "ratio" if rule == "dual-paper" else "share"
+    plan = plan_dual_batch(time_model, len(x), workers, workers // 2, large, 1.05, factor_rule)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    # as the strategy does: the server scales by the plan's factor ("noise": by the share)
+    server = ParameterServer([optimizer], workers, "noise" if rule == "dual-noise" else "none")
+    factors = plan.update_factors
+    if factor_rule == "share" and rule != "dual-noise":
+        factors = [lr_factor(lr_rule(SCALING[rule], optimizer), f) for f in factors]
+    replicas = [copy.deepcopy(model) for _ in range(workers)]
+    warmup = model.hparams.warmup
+    starts = [sum(plan.samples[:k]) for k in range(workers)]
+    curve = []
+    for epoch in range(epochs):
+        order = torch.randperm(len(x))
+        for replica in replicas:  # epoch ends: every rank loads the server's parameters
+            _load(replica, server.pull(0).params)
+        done = [0] * workers
+        events = [(time_model.a * b + time_model.b, k) for k, b in enumerate(plan.batch_sizes)]
+        heapq.heapify(events)
+        while events:
+            now, k = heapq.heappop(events)
+            size, share = plan.batch_sizes[k], plan.samples[k]
+            begin = starts[k] + done[k]
+            part = order[begin : begin + min(size, share - done[k])]
+            factor = _schedule((epoch + done[k] / share) / epochs, warmup)
+            replica = replicas[k]
+            replica.zero_grad()
+            out = replica(x[part]).reshape(-1, 10)
+            nn.functional.cross_entropy(out, y[part].reshape(-1)).backward()
+            grads = [p.grad for p in replica.parameters()]
+            if rule == "dual-noise":
+                result = server.push(k, 0, grads, len(part), workers * large, [lr * factor], 0)
+            else:
+                result = server.push(
+                    k, 0, grads, len(part), len(part), [lr * factor], 0, factors[k]
+                )
+            _load(replica, result.params)
+            done[k] += len(part)
+            if done[k] < share:
+                heapq.heappush(events, (now + time_model.a * size + time_model.b, k))
+        _load(model, server.pull(0).params)
+        curve.append(_accuracy(model, *val.tensors))
     return curve
 
 

@@ -226,6 +226,11 @@ CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
     "async-sqrt": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": "sqrt"}},
     "async-linear": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": "linear"}},
     "dual": {"strategy": "hetero", "controller": "dual", "extra": {"mode": "async"}},
+    "dual-sqrt": {
+        "strategy": "hetero",
+        "controller": "dual",
+        "extra": {"mode": "async", "lr_scaling": "sqrt"},
+    },
     "dual-paper": {
         "strategy": "hetero",
         "controller": "dual",

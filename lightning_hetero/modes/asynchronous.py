@@ -60,8 +60,8 @@ class ParameterServerMode(Mode):
             raise ValueError(
                 "With controller='dual' each push's factor comes from the dual plan"
                 " (update_factor), not from measured gradient noise: lr_scaling='noise' is for"
-                " mode='async' without it. Leave lr_scaling='auto' (the square-root rule of the"
-                " batch share for adaptive optimizers) or set 'sqrt'."
+                " mode='async' without it. Leave lr_scaling='auto' (the linear rule of the"
+                " batch share) or set 'sqrt'."
             )
         if (
             isinstance(controller, DualBatchController)
@@ -111,7 +111,7 @@ class ParameterServerMode(Mode):
                 " moment estimates see single, delayed gradients where DDP's see their average."
                 f" Learning rates follow lr_scaling={self.options.lr_scaling!r} ('auto': the"
                 " measured-noise rule, between b_k/B and sqrt(b_k/B), in async mode; the"
-                " square-root rule of the batch share with controller='dual'); training"
+                " linear rule of the batch share with controller='dual'); training"
                 " converges like DDP's only approximately, and near DDP's largest stable"
                 " learning rate it can still diverge with several ranks (then lower the learning"
                 " rate or set lr_scaling='linear'). For DDP's exact update use mode='bsp'."

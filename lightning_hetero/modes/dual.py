@@ -3,10 +3,10 @@
 ``B_S`` ranks train on a small batch, the others on ``B_L``; each rank's share of the epoch's
 samples is fixed so that every rank finishes its epoch within ``extra_time_ratio`` of the
 others. The server scales each rank's updates by its model-update factor: by default the
-``lr_scaling`` rule of its batch share of DDP's global batch ``n * B_L`` (the linear rule for
-SGD, the square-root rule for adaptive optimizers), so each push moves its part of one DDP
-step; the paper's rule (``update_factor="ratio"``: full steps for ``B_L``, ``d_S/d_L`` for
-``B_S``) takes about ``n`` times DDP's step per sample.
+``lr_scaling`` rule of its batch share of DDP's global batch ``n * B_L`` (``"auto"``: the
+linear rule for every optimizer), so each push moves its part of one DDP step; the paper's
+rule (``update_factor="ratio"``: full steps for ``B_L``, ``d_S/d_L`` for ``B_S``) takes
+about ``n`` times DDP's step per sample.
 """
 
 from typing import Any, ClassVar
@@ -15,7 +15,7 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Sampler
 
-from lightning_hetero._optim import lr_factor, lr_rule
+from lightning_hetero._optim import check_lr_scaling, lr_factor, lr_rule
 from lightning_hetero.modes.asynchronous import ParameterServerMode
 from lightning_hetero.modes.base import TimeProbe
 from lightning_hetero.planning import BatchLimits, PlanError
@@ -57,9 +57,14 @@ class DualBatchMode(ParameterServerMode):
         plan = self.dual_plan
         assert plan is not None
         factor = float(plan.update_factors[self.ctx.rank])
-        if plan.factor_rule == "share":  # a batch share: the optimizer's rule applies to it
-            return lr_factor(lr_rule(self.options.lr_scaling, optimizer), factor)
-        return factor
+        if plan.factor_rule != "share":
+            return factor
+        # a batch share: "auto" is the linear rule for every optimizer here, since with Adam
+        # the square-root rule diverged at DDP's largest stable learning rate on 4 ranks
+        # (issue 32, docs/modes.md "Steps relative to DDP"); "sqrt" stays an option
+        scaling = check_lr_scaling(self.options.lr_scaling)
+        rule = "linear" if scaling == "auto" else lr_rule(scaling, optimizer)
+        return lr_factor(rule, factor)
 
     # ---------------------------------------------------------------- the plan
     def first_plan(self, loader: DataLoader, probe_time: TimeProbe) -> list[int] | None:

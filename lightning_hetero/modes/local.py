@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from lightning_hetero._optim import check_lr_scaling, lr_factor, lr_rule, scaled_lr
+from lightning_hetero._optim import check_lr_scaling, lr_rule, replica_factor, scaled_lr
 from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
 from lightning_hetero.localsgd import ReplicaMerger
 from lightning_hetero.modes.base import Mode, ModeOptions
@@ -108,12 +108,12 @@ class LocalSGDMode(Mode):
         return local, sum(plan), local == plan[self.ctx.rank]
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
-        # relative to an even split of B: 1 at b_k = B / K, where K replicas stepping at lr
-        # and averaged move as far per sample as DDP (paper 004's linear rule; square root
-        # for adaptive optimizers, whose step barely depends on the batch)
+        # a merge moves the model by 1/K of each replica's step: K times the factor of an
+        # async push of b_k samples (linear: 1 at an even split, paper 004; square root for
+        # adaptive optimizers: sqrt(K) there, see replica_factor)
         local, total = self.share
-        share = local * self.ctx.world_size / total
-        factor = lr_factor(lr_rule(self.options.lr_scaling, optimizer), share)
+        rule = lr_rule(self.options.lr_scaling, optimizer)
+        factor = replica_factor(rule, local, total, self.ctx.world_size)
         with scaled_lr(optimizer, factor):
             return super().optimizer_step(optimizer, run)
 

@@ -1,5 +1,7 @@
 """LocalSGDMode (``mode="local"``) on a real run context."""
 
+import math
+
 import pytest
 import torch
 
@@ -22,6 +24,21 @@ def test_the_learning_rate_is_scaled_by_world_size_times_share_for_the_step_only
     mode, _ = _local([3, 5], lr_scaling=lr_scaling)
     mode.share = (3, 8)
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    seen = mode.optimizer_step(optimizer, lambda: optimizer.param_groups[0]["lr"])
+    assert seen == pytest.approx(0.1 * factor)
+    assert optimizer.param_groups[0]["lr"] == 0.1
+
+
+@pytest.mark.parametrize(
+    ("lr_scaling", "factor"),
+    [("auto", 2 * math.sqrt(3 / 8)), ("sqrt", 2 * math.sqrt(3 / 8)), ("linear", 2 * 3 / 8)],
+)
+def test_an_adaptive_replica_steps_k_times_the_square_root_of_its_share(lr_scaling, factor):
+    # the merge moves the model 1/K of each replica's step: K times an async push's factor
+    # (at an even split sqrt(K) times lr; K Adam replicas at lr trailed DDP, issue 32)
+    mode, _ = _local([3, 5], lr_scaling=lr_scaling)
+    mode.share = (3, 8)
+    optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=0.1)
     seen = mode.optimizer_step(optimizer, lambda: optimizer.param_groups[0]["lr"])
     assert seen == pytest.approx(0.1 * factor)
     assert optimizer.param_groups[0]["lr"] == 0.1
