@@ -117,11 +117,15 @@ def test_options_that_ray_owns_are_refused_with_where_they_go() -> None:
 
 
 def test_micro_batches_are_the_plain_strategies_on_ray() -> None:
-    # RayHeteroFSDPStrategy is HeteroFSDPStrategy's micro-batches, "auto" refused as there
+    # RayHeteroFSDPStrategy is HeteroFSDPStrategy's micro-batches: "auto" probes held
+    # micro-batches as there (the class flag comes with it), bad values are refused as there
     assert RayHeteroStrategy(micro_batch_size="auto").micro_batch_size == "auto"
     assert RayHeteroFSDPStrategy(micro_batch_size=[2, 8]).micro_batch_size == [2, 8]
-    with pytest.raises(ValueError, match="not 'auto'.*unsharded"):
-        RayHeteroFSDPStrategy(micro_batch_size="auto")
+    sharded = RayHeteroFSDPStrategy(micro_batch_size="auto")
+    assert sharded.micro_batch_size == "auto" and sharded.micro_batches_hold_more
+    assert not RayHeteroStrategy().micro_batches_hold_more
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        RayHeteroFSDPStrategy(micro_batch_size=0)
 
 
 def test_pytorch_lightning_is_refused_with_the_copy_ray_uses() -> None:
