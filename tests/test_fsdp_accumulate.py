@@ -1,6 +1,8 @@
 """Micro-batches under HeteroFSDPStrategy on one process: FSDP2's switches held from a
 step's first micro-batch to its last, restored after, and the step exact."""
 
+from typing import Any
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -49,8 +51,8 @@ class _Deep(BoringModel):
         return torch.utils.data.DataLoader(data, batch_size=BATCH)
 
 
-def _fit(model: _Deep) -> HeteroFSDPStrategy:
-    strategy = HeteroFSDPStrategy(micro_batch_size=BOUND, shard_modules=["Linear"])
+def _fit(model: _Deep, **options: Any) -> HeteroFSDPStrategy:
+    strategy = HeteroFSDPStrategy(shard_modules=["Linear"], **options)
     trainer = pl.Trainer(
         strategy=strategy,
         accelerator="cpu",
@@ -66,7 +68,7 @@ def _fit(model: _Deep) -> HeteroFSDPStrategy:
 
 def test_the_switches_are_held_until_the_last_micro_batch_and_the_step_is_exact():
     model = _Deep()
-    _fit(model)
+    _fit(model, micro_batch_size=BOUND)
     assert model.seen == [3, 3, 2]
     held = [HELD] * 2  # both Linear units
     own = model.switches[-1]  # the last micro-batch runs with each unit's own values
@@ -87,26 +89,15 @@ def test_the_switches_are_held_until_the_last_micro_batch_and_the_step_is_exact(
 def test_a_failed_micro_batch_restores_the_switches_and_reshards():
     model = _Deep(fail_at=2)  # the second micro-batch raises, the units held gathered
     with pytest.raises(_Stop):
-        _fit(model)
+        _fit(model, micro_batch_size=BOUND)
     groups = fsdp_param_groups(model)
     assert model.switches == [[HELD] * 2]
     assert all(s["reduce_grads"] for s in _switches(model))
     assert all(group.is_sharded for group in groups)
 
 
-def _probing_fit(model: _Deep, **options) -> HeteroFSDPStrategy:
-    strategy = HeteroFSDPStrategy(shard_modules=["Linear"], probe_batch_sizes=[2, 4], **options)
-    trainer = pl.Trainer(
-        strategy=strategy,
-        accelerator="cpu",
-        devices=1,
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(model)
-    return strategy
+def _probing_fit(model: _Deep, **options: Any) -> HeteroFSDPStrategy:
+    return _fit(model, probe_batch_sizes=[2, 4], **options)
 
 
 def test_auto_probes_each_size_as_two_micro_batches_held_as_in_training():
