@@ -298,3 +298,16 @@ def test_every_convergence_configuration_builds_a_strategy():
         config = RunConfig(**fields_)
         if config.strategy == "hetero":
             HeteroStrategy(controller=controller_of(config), **config.extra)
+
+
+def test_the_convergence_command_passes_the_sample_cost_through(monkeypatch, tmp_path, capsys):
+    seen = []
+
+    def fake_measure(task, workers, speeds, seeds, configs, workdir, **options):
+        seen.append(options)
+        return {"task": task, "workers": workers, "common": {}, "runs": {}}
+
+    monkeypatch.setattr(modes, "measure_convergence", fake_measure)
+    modes.main(["--task", "digits", "--workers", "4", "--sample-cost", "2e-3"])
+    modes.main(["--task", "digits", "--workers", "4"])
+    assert [options["sample_cost"] for options in seen] == [2e-3, 2e-4]

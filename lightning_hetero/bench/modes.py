@@ -354,6 +354,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--epochs", type=int, help="default: the task's")
     parser.add_argument("--lr-factor", type=float, default=1.0, help="times the task's lr")
+    parser.add_argument(
+        "--sample-cost",
+        type=float,
+        default=2e-4,
+        help="Throttle seconds per sample of the equal ranks (the slow rank: 3 times it);"
+        " default 2e-4, raise it (e.g. 2e-3) so the slow rank, not per-step overhead, sets"
+        " the time to accuracy",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw summaries here")
     args = parser.parse_args(argv)
     results = []
@@ -361,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for workers in args.workers:
             result = measure_convergence(
                 args.task, workers, args.speeds, args.seeds, args.configs, Path(tmp),
-                epochs=args.epochs, lr_factor=args.lr_factor,
+                sample_cost=args.sample_cost, epochs=args.epochs, lr_factor=args.lr_factor,
             )  # fmt: skip
             results.append(result)
             print(convergence_report(result), flush=True)
