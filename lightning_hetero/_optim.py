@@ -89,8 +89,8 @@ def lr_rule(lr_scaling: Any, optimizer: torch.optim.Optimizer, measured: bool = 
     if rule == "noise" and not measured:
         raise ValueError(
             "lr_scaling='noise' scales each push by the gradient noise the parameter server"
-            " measures, so it needs mode='async' without controller='dual'; use 'sqrt' or"
-            " 'auto' here."
+            " measures, so it needs mode='async' (with or without controller='dual'); use"
+            " 'sqrt' or 'auto' here."
         )
     return rule
 

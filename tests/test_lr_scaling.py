@@ -29,6 +29,7 @@ from lightning_hetero.modes.dual import DualBatchMode
 from lightning_hetero.paramserver import ParameterServer, ServerClient
 from lightning_hetero.planning import make_controller
 from lightning_hetero.planning.dual import DualBatchController, TimeModel, plan_dual_batch
+from lightning_hetero.sampler import EpochPermutation, PartitionBatchSampler
 
 
 def _params() -> list[torch.nn.Parameter]:
@@ -105,9 +106,9 @@ def test_the_noise_rule_is_refused_where_nothing_measures_the_noise():
         lr_factor("noise", 0.5)
     with pytest.raises(ValueError, match="lr_scaling='noise'.*mode='local'"):
         HeteroStrategy(mode="local", lr_scaling="noise")
-    with pytest.raises(ValueError, match="controller='dual'.*lr_scaling='noise'"):
-        HeteroStrategy(mode="async", controller="dual", lr_scaling="noise")
     assert HeteroStrategy(mode="async", lr_scaling="noise").lr_scaling == "noise"
+    # the dual plan's pushes are measured by the same server
+    assert HeteroStrategy(mode="async", controller="dual", lr_scaling="noise").lr_scaling == "noise"
 
 
 @pytest.mark.parametrize("value", ["Linear", "square", 1, 0.5, None])
@@ -248,27 +249,61 @@ def test_dual_batch_scales_each_push_by_its_batch_share_of_ddps_step_by_default(
     assert "batch share" in plan.table()
 
 
-def _dual_factor(optimizer: torch.optim.Optimizer, rank: int, **options) -> float:
-    plan = plan_dual_batch(TimeModel(a=1.0, b=24.66), 50000, 4, 1, 500, 1.1, "share")
-    mode = DualBatchMode(DualBatchController(), ModeOptions(**options))
+def _dual_mode(rank: int, update_factor: str = "share", **options) -> DualBatchMode:
+    """Rank ``rank``'s dual mode on a 4-rank plan (B_L = 500, one small-batch rank of 38)."""
+    plan = plan_dual_batch(TimeModel(a=1.0, b=24.66), 50000, 4, 1, 500, 1.1, update_factor)
+    mode = DualBatchMode(DualBatchController(update_factor=update_factor), ModeOptions(**options))
     mode.context = SimpleNamespace(rank=rank)
     mode.dual_plan = plan
-    return mode.update_factor(optimizer)
+    mode.sampler = PartitionBatchSampler(
+        EpochPermutation(50000), plan.samples, plan.batch_sizes, rank
+    )
+    return mode
 
 
-@pytest.mark.parametrize("name", ["Adam", "SGD"])
-def test_dual_batch_takes_the_linear_rule_of_the_batch_share_for_every_optimizer(name):
-    # with Adam the square-root rule diverged at DDP's largest stable lr on 4 ranks (issue 32)
+@pytest.mark.parametrize("name, rule", [("Adam", "noise"), ("AdamW", "noise"), ("SGD", "linear")])
+def test_dual_batch_pushes_its_share_of_ddps_batch_under_the_async_rule_by_default(name, rule):
+    # the push is b_k out of DDP's global batch n * B_L = 2000, and the server applies the
+    # optimizer's rule to it as in async mode: the measured-noise rule for Adam (the linear
+    # rule where pushes agree, so never past DDP's step), the linear one for SGD
     optimizer = _make(name)
-    assert _dual_factor(optimizer, 0) == 500 / 2000  # a large-batch rank
-    assert _dual_factor(optimizer, 3) == 38 / 2000  # the small-batch rank
-    assert _dual_factor(optimizer, 3, lr_scaling="sqrt") == math.sqrt(38 / 2000)
+    for rank, samples in ((0, 500), (3, 38)):
+        mode = _dual_mode(rank)
+        assert mode.step_layout(0) == (samples, 2000, True)
+        assert mode.update_factor(optimizer) == 1.0
+        assert ParameterServer([optimizer], 4, mode._lr_scaling()).rules == [rule]
+    for option, rule in (("linear", "linear"), ("sqrt", "sqrt"), ("noise", "noise")):
+        mode = _dual_mode(3, lr_scaling=option)
+        assert ParameterServer([optimizer], 4, mode._lr_scaling()).rules == [rule]
 
 
-def test_dual_batch_with_the_papers_rule_refuses_a_batch_share_rule():
-    with pytest.raises(ValueError, match="update_factor='ratio'.*lr_scaling='sqrt'"):
+def test_dual_batch_under_the_papers_rule_scales_by_its_factor_alone():
+    mode = _dual_mode(3, update_factor="ratio")
+    assert mode.step_layout(0) == (38, 38, True)  # the server's share: 1
+    assert mode._lr_scaling() == "none"
+    assert mode.update_factor(torch.optim.Adam(_params())) == mode.dual_plan.update_factors[3] < 1
+    assert _dual_mode(0, update_factor="ratio").update_factor(_make("SGD")) == 1.0
+
+
+def test_dual_batch_shares_through_the_server_move_as_the_linear_rule_for_sgd():
+    # end to end through the server: the small rank's push of 38 of 2000 at lr 0.1
+    layer = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    mode = _dual_mode(3)
+    server = ParameterServer([optimizer], 4, mode._lr_scaling())
+    before = [p.detach().clone() for p in layer.parameters()]
+    grads = [torch.ones_like(p) for p in layer.parameters()]
+    local, total, _ = mode.step_layout(0)
+    result = server.push(3, 0, grads, local, total, [0.1], 0, mode.update_factor(optimizer))
+    for new, old in zip(result.params, before):
+        torch.testing.assert_close(new, old - 0.1 * 38 / 2000)
+
+
+@pytest.mark.parametrize("rule", ["linear", "sqrt", "noise"])
+def test_dual_batch_with_the_papers_rule_refuses_a_batch_share_rule(rule):
+    with pytest.raises(ValueError, match=f"update_factor='ratio'.*lr_scaling='{rule}'"):
         HeteroStrategy(
-            mode="async", controller=DualBatchController(update_factor="ratio"), lr_scaling="sqrt"
+            mode="async", controller=DualBatchController(update_factor="ratio"), lr_scaling=rule
         )
     HeteroStrategy(mode="async", controller=DualBatchController(update_factor="ratio"))
 

@@ -7,13 +7,18 @@ from lightning_hetero.bench.mode_sim import simulate
 TINY = {"lr": 3e-3, "epochs": 1, "global_batch": 16, "train_size": 64, "val_size": 64}
 
 
-@pytest.mark.parametrize("rule", ["async-linear", "async-sqrt", "local", "dual", "dual-paper"])
+@pytest.mark.parametrize(
+    "rule", ["async-linear", "async-sqrt", "local", "dual", "dual-linear", "dual-paper"]
+)
 def test_one_rank_is_ddp(rule: str) -> None:
     # one rank pushes the whole global batch on the current parameters: no staleness and a
     # batch share of 1, so every rule's update is DDP's, to the bit
     assert simulate(rule, 1, 0, **TINY) == simulate("ddp", 1, 0, **TINY)
 
 
-@pytest.mark.parametrize(("one", "other"), [("async-linear", "async-sqrt"), ("dual", "dual-paper")])
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [("async-linear", "async-sqrt"), ("dual", "dual-paper"), ("dual", "dual-linear")],
+)
 def test_the_rules_differ_on_two_ranks(one: str, other: str) -> None:
     assert simulate(one, 2, 0, **TINY) != simulate(other, 2, 0, **TINY)

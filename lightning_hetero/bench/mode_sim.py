@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from lightning_hetero._optim import lr_factor, lr_rule, replica_factor, scaled_lr
+from lightning_hetero._optim import lr_rule, replica_factor, scaled_lr
 from lightning_hetero.bench.workload import ReverseTransformer, reverse_tensors
 from lightning_hetero.paramserver import ParameterServer
 from lightning_hetero.planning.dual import TimeModel, plan_dual_batch
@@ -31,19 +31,18 @@ __all__ = ["RULES", "simulate"]
 #: measured-noise rule for Adam), ``"sqrt"`` or ``"linear"`` (paper 002's rule); ``local``
 #: with ``"auto"`` (square root: ``sqrt(K)`` times ``lr`` per replica at an even split),
 #: ``"linear"`` (``lr``) or the square-root rule before issue 32's measurements (``lr``,
-#: ``local-lr``); dual batch (``controller="dual"``) with ``"auto"`` (linear), ``"sqrt"``,
-#: the measured-noise rule (not an option of the strategy there) or paper 003's rule
-#: (``update_factor="ratio"``).
+#: ``local-lr``); dual batch (``controller="dual"``) with ``"auto"`` (the measured-noise
+#: rule for Adam, as async), ``"sqrt"``, ``"linear"`` (``"auto"``'s choice before) or paper
+#: 003's rule (``update_factor="ratio"``).
 RULES = (
     "ddp", "async", "async-sqrt", "async-linear", "local", "local-linear", "local-lr",
-    "dual", "dual-sqrt", "dual-noise", "dual-paper",
+    "dual", "dual-sqrt", "dual-linear", "dual-paper",
 )  # fmt: skip
-#: The scaling rule of each (``ddp`` and ``dual-paper`` take none; ``dual``: what ``"auto"``
-#: is with ``controller="dual"``).
+#: The scaling rule of each (``ddp`` and ``dual-paper`` take none).
 SCALING = {
     "async": "auto", "async-sqrt": "sqrt", "async-linear": "linear", "local": "auto",
-    "local-linear": "linear", "local-lr": "auto", "dual": "linear", "dual-sqrt": "sqrt",
-    "dual-noise": "noise",
+    "local-linear": "linear", "local-lr": "auto", "dual": "auto", "dual-sqrt": "sqrt",
+    "dual-linear": "linear",
 }  # fmt: skip
 
 
@@ -167,11 +166,10 @@ def _simulate_dual(
     factor_rule = "ratio" if rule == "dual-paper" else "share"
     plan = plan_dual_batch(time_model, len(x), workers, workers // 2, large, 1.05, factor_rule)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    # as the strategy does: the server scales by the plan's factor ("noise": by the share)
-    server = ParameterServer([optimizer], workers, "noise" if rule == "dual-noise" else "none")
-    factors = plan.update_factors
-    if factor_rule == "share" and rule != "dual-noise":
-        factors = [lr_factor(lr_rule(SCALING[rule], optimizer), f) for f in factors]
+    # as the strategy does: batch shares of n * B_L under the server's rule, or paper 003's
+    # factors alone
+    shares = factor_rule == "share"
+    server = ParameterServer([optimizer], workers, SCALING[rule] if shares else "none")
     replicas = [copy.deepcopy(model) for _ in range(workers)]
     warmup = model.hparams.warmup
     starts = [sum(plan.samples[:k]) for k in range(workers)]
@@ -194,11 +192,11 @@ def _simulate_dual(
             out = replica(x[part]).reshape(-1, 10)
             nn.functional.cross_entropy(out, y[part].reshape(-1)).backward()
             grads = [p.grad for p in replica.parameters()]
-            if rule == "dual-noise":
+            if shares:
                 result = server.push(k, 0, grads, len(part), workers * large, [lr * factor], 0)
             else:
                 result = server.push(
-                    k, 0, grads, len(part), len(part), [lr * factor], 0, factors[k]
+                    k, 0, grads, len(part), len(part), [lr * factor], 0, plan.update_factors[k]
                 )
             _load(replica, result.params)
             done[k] += len(part)

@@ -231,6 +231,11 @@ CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
         "controller": "dual",
         "extra": {"mode": "async", "lr_scaling": "sqrt"},
     },
+    "dual-linear": {
+        "strategy": "hetero",
+        "controller": "dual",
+        "extra": {"mode": "async", "lr_scaling": "linear"},
+    },
     "dual-paper": {
         "strategy": "hetero",
         "controller": "dual",

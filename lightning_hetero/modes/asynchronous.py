@@ -55,18 +55,8 @@ class ParameterServerMode(Mode):
             )
         if (
             isinstance(controller, DualBatchController)
-            and check_lr_scaling(options.lr_scaling) == "noise"
-        ):
-            raise ValueError(
-                "With controller='dual' each push's factor comes from the dual plan"
-                " (update_factor), not from measured gradient noise: lr_scaling='noise' is for"
-                " mode='async' without it. Leave lr_scaling='auto' (the linear rule of the"
-                " batch share) or set 'sqrt'."
-            )
-        if (
-            isinstance(controller, DualBatchController)
             and controller.update_factor != "share"
-            and check_lr_scaling(options.lr_scaling) in ("linear", "sqrt")
+            and check_lr_scaling(options.lr_scaling) in ("linear", "sqrt", "noise")
         ):
             raise ValueError(
                 f"DualBatchController(update_factor={controller.update_factor!r}) is paper 003's"
@@ -110,8 +100,8 @@ class ParameterServerMode(Mode):
                 " parameters that other ranks' pushes may have changed since (stale), so the"
                 " moment estimates see single, delayed gradients where DDP's see their average."
                 f" Learning rates follow lr_scaling={self.options.lr_scaling!r} ('auto': the"
-                " measured-noise rule, between b_k/B and sqrt(b_k/B), in async mode; the"
-                " linear rule of the batch share with controller='dual'); training"
+                " measured-noise rule, between b_k/B and sqrt(b_k/B), of the batch share"
+                " b_k/B of DDP's global batch, also with controller='dual'); training"
                 " converges like DDP's only approximately, and near DDP's largest stable"
                 " learning rate it can still diverge with several ranks (then lower the learning"
                 " rate or set lr_scaling='linear'). For DDP's exact update use mode='bsp'."

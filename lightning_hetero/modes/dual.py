@@ -3,8 +3,9 @@
 ``B_S`` ranks train on a small batch, the others on ``B_L``; each rank's share of the epoch's
 samples is fixed so that every rank finishes its epoch within ``extra_time_ratio`` of the
 others. The server scales each rank's updates by its model-update factor: by default the
-``lr_scaling`` rule of its batch share of DDP's global batch ``n * B_L`` (``"auto"``: the
-linear rule for every optimizer), so each push moves its part of one DDP step; the paper's
+``lr_scaling`` rule of its batch share of DDP's global batch ``n * B_L``, applied by the
+server as in async mode (``"auto"``: the linear rule for SGD, the measured-noise rule for
+adaptive optimizers), so each push moves its part of one DDP step; the paper's
 rule (``update_factor="ratio"``: full steps for ``B_L``, ``d_S/d_L`` for ``B_S``) takes
 about ``n`` times DDP's step per sample.
 """
@@ -15,7 +16,6 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Sampler
 
-from lightning_hetero._optim import check_lr_scaling, lr_factor, lr_rule
 from lightning_hetero.modes.asynchronous import ParameterServerMode
 from lightning_hetero.modes.base import TimeProbe
 from lightning_hetero.planning import BatchLimits, PlanError
@@ -50,21 +50,21 @@ class DualBatchMode(ParameterServerMode):
     def option_text(self) -> str:
         return "controller='dual'"
 
+    def _shares(self) -> bool:
+        """Each push is scaled by its batch share of DDP's step (``update_factor="share"``),
+        by the server's ``lr_scaling`` rule; else by paper 003's factor alone."""
+        return self.dual.update_factor == "share"
+
     def _lr_scaling(self) -> bool | str:
-        return "none"  # the server scales by the update factor instead
+        # batch shares: the server's rule of b_k / (n * B_L), the share step_layout reports
+        # ("auto": the measured-noise rule for adaptive optimizers, the linear one for SGD);
+        # paper 003's factors replace batch-share scaling: the server leaves them alone
+        return self.options.lr_scaling if self._shares() else "none"
 
     def update_factor(self, optimizer: torch.optim.Optimizer) -> float:
         plan = self.dual_plan
         assert plan is not None
-        factor = float(plan.update_factors[self.ctx.rank])
-        if plan.factor_rule != "share":
-            return factor
-        # a batch share: "auto" is the linear rule for every optimizer here, since with Adam
-        # the square-root rule diverged at DDP's largest stable learning rate on 4 ranks
-        # (issue 32, docs/modes.md "Steps relative to DDP"); "sqrt" stays an option
-        scaling = check_lr_scaling(self.options.lr_scaling)
-        rule = "linear" if scaling == "auto" else lr_rule(scaling, optimizer)
-        return lr_factor(rule, factor)
+        return 1.0 if plan.factor_rule == "share" else float(plan.update_factors[self.ctx.rank])
 
     # ---------------------------------------------------------------- the plan
     def first_plan(self, loader: DataLoader, probe_time: TimeProbe) -> list[int] | None:
@@ -145,5 +145,9 @@ class DualBatchMode(ParameterServerMode):
         if not isinstance(sampler, PartitionBatchSampler):
             return None
         local = sampler.size_at(batch_idx)
-        # the server scales by the update factor, not by a share: the share is the batch itself
-        return local, local, local == sampler.batch_size
+        plan = self.dual_plan
+        assert plan is not None
+        # batch shares: of DDP's global batch n * B_L; paper 003's factors: the server scales
+        # by the update factor alone, so the share is the batch itself
+        total = plan.world_size * plan.large_batch_size if self._shares() else local
+        return local, total, local == sampler.batch_size

@@ -15,8 +15,9 @@ gives each worker a share of the epoch's data such that every worker needs the s
   factor ``d_S/d_L`` (or its square root), in whole samples: the paper's rule
   (``update_factor="ratio"``). The default, ``"share"``, scales every worker's update by its
   batch share ``b_k / (n * B_L)`` of DDP's global batch instead (the strategy applies its
-  ``lr_scaling`` rule to it: by default the share itself, for every optimizer), so that
-  each push moves the model as far as its part of one DDP step.
+  ``lr_scaling`` rule to it, as in async mode: by default the share itself for SGD and the
+  measured-noise rule for adaptive optimizers), so that each push moves the model as far as
+  its part of one DDP step.
 """
 
 import math
@@ -222,7 +223,8 @@ class DualBatchPlan:
         if self.factor_rule == "share":
             lines.append(
                 "update factor: batch share b_k / (n * B_L) of DDP's step; the learning rate"
-                " follows lr_scaling's rule of it (by default linear)"
+                " follows lr_scaling's rule of it (by default linear for SGD, measured noise for"
+                " adaptive optimizers)"
             )
         return "\n".join(lines)
 
@@ -371,9 +373,9 @@ class DualBatchController(StaticController):
         large_batch_size: ``B_L``; ``None``: the strategy's smallest per-rank maximum
             (``max_batch_size``, measured with ``"auto"``), else the loader's batch size.
         update_factor: ``"share"`` (default): each push moves its batch share of one DDP step,
-            ``lr_scaling``'s rule of ``b_k / (n * B_L)`` (``"auto"``: linear, for every
-            optimizer); the paper's rules, which leave the large-batch pushes at the
-            full learning rate: ``"ratio"`` (small pushes by ``d_S/d_L``, the paper's
+            ``lr_scaling``'s rule of ``b_k / (n * B_L)`` (``"auto"``: as in async mode,
+            linear for SGD, the measured-noise rule for adaptive optimizers); the paper's
+            rules, which leave the large-batch pushes at the full learning rate: ``"ratio"`` (small pushes by ``d_S/d_L``, the paper's
             choice), ``"sqrt"`` or ``"none"``.
     """
 

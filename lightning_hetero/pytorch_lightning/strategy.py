@@ -105,13 +105,13 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             that it moves its part of DDP's step. ``"linear"`` (``True``): by the share
             ``s`` (paper 002 Eq. 5b; the linear scaling rule of SGD); ``"sqrt"``: by
             ``sqrt(s)`` (the square-root rule of adaptive optimizers, whose step barely
-            depends on the gradient's size); ``"noise"`` (async mode without
-            ``controller="dual"``): between the two, by the gradient noise the parameter
-            server measures, so that a round of pushes moves about one DDP step whether the
-            ranks' gradients agree or not; ``"auto"`` (default): for adaptive optimizers
+            depends on the gradient's size); ``"noise"`` (async mode, ``controller="dual"``
+            included): between the two, by the gradient noise the parameter server
+            measures, so that a round of pushes moves about one DDP step whether the ranks'
+            gradients agree or not; ``"auto"`` (default): for adaptive optimizers
             (Adam, AdamW, RMSprop, Adagrad and their kin, or any optimizer whose parameter
-            groups have e.g. ``betas``) ``"noise"`` in async mode and ``"sqrt"`` in local
-            mode, ``"linear"`` for other optimizers and with ``controller="dual"``; ``"none"``
+            groups have e.g. ``betas``) ``"noise"`` in async mode (dual batch included) and
+            ``"sqrt"`` in local mode, ``"linear"`` for other optimizers; ``"none"``
             (``False``): ``lr`` unchanged (for ablations). Async mode: ``s = b_k / B`` per
             push; dual batch (``controller="dual"``): ``s = b_k / (n * B_L)``; local mode:
             ``K`` times the factor of ``s = b_k / B`` per replica step (a merge averages the

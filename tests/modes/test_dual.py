@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_hetero._optim import lr_factor
 from lightning_hetero.modes.dual import DualBatchMode
 from lightning_hetero.planning.dual import DualBatchController, TimeModel
 from lightning_hetero.sampler import EpochPermutation
@@ -44,15 +45,17 @@ def test_the_first_plan_is_the_dual_plan_from_the_probed_time_model_and_fixes_th
     assert limits.min_batch_size == limits.max_batch_size == sizes  # no controller moves it
 
 
-def test_a_steps_share_is_its_own_batch_so_the_server_scales_by_the_update_factor_alone():
+def test_a_steps_share_is_of_ddps_global_batch_and_the_server_scales_it_by_its_rule():
     mode = _planned()
     dual = mode.dual_plan
     assert dual is not None
     own = dual.batch_sizes[0]
     mode.on_train_batch_start(0)
-    assert mode.share == (own, own)
-    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # linear rule: as planned
-    assert mode.update_factor(sgd) == pytest.approx(dual.update_factors[0])
+    assert mode.share == (own, dual.world_size * dual.large_batch_size)  # b_k of n * B_L
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    assert mode.update_factor(sgd) == 1.0  # no factor besides the server's rule
+    # under the linear rule the server's factor of that share is the plan's update factor
+    assert lr_factor("linear", own / mode.share[1]) == pytest.approx(dual.update_factors[0])
 
 
 def test_a_controllers_plan_change_is_refused_as_the_dual_plan_is_fixed():
