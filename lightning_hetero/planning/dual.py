@@ -375,8 +375,9 @@ class DualBatchController(StaticController):
         update_factor: ``"share"`` (default): each push moves its batch share of one DDP step,
             ``lr_scaling``'s rule of ``b_k / (n * B_L)`` (``"auto"``: as in async mode,
             linear for SGD, the measured-noise rule for adaptive optimizers); the paper's
-            rules, which leave the large-batch pushes at the full learning rate: ``"ratio"`` (small pushes by ``d_S/d_L``, the paper's
-            choice), ``"sqrt"`` or ``"none"``.
+            rules, which leave the large-batch pushes at the full learning rate:
+            ``"ratio"`` (small pushes by ``d_S/d_L``, the paper's choice), ``"sqrt"`` or
+            ``"none"``.
     """
 
     name = "dual"
