@@ -20,7 +20,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero import HeteroStrategy
 
-COST = [0.0, 0.004]  # seconds per sample
+# seconds per sample: rank 1's 16 samples sleep 128 ms a step, well above what the timing
+# noise of a busy machine moves between the two ranks
+COST = [0.0, 0.008]
 BATCH_SIZE = 16  # per rank, at the start
 STEPS = 8  # per epoch
 

@@ -47,7 +47,7 @@ def test_a_sharded_step_on_uneven_batches_equals_one_step_on_the_union_batch(
 
 # ---------------------------------------------------------------- emulated heterogeneous ranks
 def test_the_plan_moves_toward_the_speed_proportional_split_and_reaches_it(tmp_path):
-    """4 ranks at HL4 speeds (36 ms per sample on a 1-core rank): the waits inside FSDP's
+    """4 ranks at HL4 speeds (72 ms per sample on a 1-core rank): the waits inside FSDP's
     collectives are not counted as compute, so the controller sees each rank's speed. A
     step's cost includes what every rank pays alike (the loop, loading), which makes the
     fast rank look less fast at first: the plan moves toward the split in a few steps."""

@@ -26,8 +26,11 @@ def test_compute_holds_the_slow_ranks_work_and_the_plan_leaves_it(tmp_path, mode
     compute, wait = first["compute_times"], first["wait_times"]
     assert first["batch_sizes"] == [BATCH_SIZE, BATCH_SIZE]
     # rank 1's compute holds the sleep (a lower bound); rank 0 spends it waiting, not computing
+    # (counted as compute, the wait would make the two equal). As a difference, with half the
+    # sleep to spare: the real compute both ranks pay alike grows on a busy machine, and a
+    # ratio of the two would fail once it reached the sleep
     assert compute[1] >= 0.9 * sleep_s, first
-    assert compute[1] > 2 * compute[0], first
+    assert compute[1] - compute[0] >= 0.5 * sleep_s, first
     assert wait[0] >= 0.5 * sleep_s, first
     assert first["changed"]
     moved = first["next_batch_sizes"]

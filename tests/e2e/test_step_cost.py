@@ -18,10 +18,12 @@ import pytest
 from tests.e2e.launch import run_script
 from tests.e2e.step_cost_program import BATCH_SIZE
 
-SLEEP = 0.008  # seconds per sample in the dataset's __getitem__
-DEVICE = 0.0075  # Throttle's seconds per sample: the step outlasts two workers' loading
+# The sleeps are long beside the tiny model's real compute and its noise between ranks and
+# between runs on a busy machine (tens of ms): each margin below is 48 ms or more.
+SLEEP = 0.016  # seconds per sample in the dataset's __getitem__
+DEVICE = 0.015  # Throttle's seconds per sample: the step outlasts two workers' loading
 LOAD = 0.003  # Throttle's load_cost: seconds per sample on the training thread
-UNEQUAL = [0.002, 0.008]  # Throttle's sample_cost of ranks 0 and 1
+UNEQUAL = [0.004, 0.016]  # Throttle's sample_cost of ranks 0 and 1
 
 
 def _history(folder: Path, name: str, *args: str) -> list[dict[str, Any]]:
@@ -30,7 +32,7 @@ def _history(folder: Path, name: str, *args: str) -> list[dict[str, Any]]:
     return json.loads(out.read_text())
 
 
-# The first two tests' runs: 60 ms of device work a step, 64 ms of loading a batch.
+# The first two tests' runs: 120 ms of device work a step, 128 ms of loading a batch.
 DEVICE_AND_LOADING = ["--sample-cost", f"{DEVICE},{DEVICE}", "--sleep", str(SLEEP)]
 
 
@@ -41,12 +43,12 @@ def on_thread(tmp_path_factory) -> list[dict[str, Any]]:
 
 
 def test_loading_on_the_training_thread_is_in_the_cost(on_thread):
-    loading_s, device_s = BATCH_SIZE * SLEEP, BATCH_SIZE * DEVICE  # 64 ms, 60 ms
+    loading_s, device_s = BATCH_SIZE * SLEEP, BATCH_SIZE * DEVICE  # 128 ms, 120 ms
     assert len(on_thread) == 2, on_thread  # one boundary per epoch
     for entry in on_thread:
         assert entry["batch_sizes"] == [BATCH_SIZE, BATCH_SIZE], entry  # static: fixed
         # Every fully timed step holds both sleeps, so their sum is a lower bound (with 10% to
-        # spare). Without the loading a step costs the 60 ms plus the tiny model's few
+        # spare). Without the loading a step costs the 120 ms plus the tiny model's few
         # ms, far below it.
         assert all(t >= 0.9 * (loading_s + device_s) for t in entry["compute_times"]), entry
         assert entry["step_time"] >= 0.9 * (loading_s + device_s), entry
@@ -54,8 +56,8 @@ def test_loading_on_the_training_thread_is_in_the_cost(on_thread):
 
 
 def test_loading_in_worker_processes_hidden_behind_the_step_is_not_in_the_cost(tmp_path, on_thread):
-    # The same loading with num_workers=2 (64 ms a batch per worker, 32 ms a batch for two)
-    # behind a step of 60 ms: batches wait ready in the queue, the step never waits for one.
+    # The same loading with num_workers=2 (128 ms a batch per worker, 64 ms a batch for two)
+    # behind a step of 120 ms: batches wait ready in the queue, the step never waits for one.
     in_workers = _history(tmp_path, "workers", *DEVICE_AND_LOADING, "--workers", "2")
     loading_s, device_s = BATCH_SIZE * SLEEP, BATCH_SIZE * DEVICE
     for thread_entry, workers_entry in zip(on_thread, in_workers, strict=True):
@@ -66,7 +68,14 @@ def test_loading_in_worker_processes_hidden_behind_the_step_is_not_in_the_cost(t
         pairs = zip(thread_entry["compute_times"], workers_entry["compute_times"], strict=True)
         for thread_s, workers_s in pairs:
             assert workers_s <= thread_s - 0.5 * loading_s, (thread_entry, workers_entry)
-        assert workers_entry["step_time"] <= thread_entry["step_time"] - 0.5 * loading_s
+    # and so is the synchronous step once the workers run: a plain mean (the step-time check
+    # must see stalls), which in epoch 0 also holds the workers' start, a one-off cost of the
+    # loader that a busy machine stretches (seen at 6 steps an epoch: 220 ms against 277)
+    thread_entry, workers_entry = on_thread[-1], in_workers[-1]
+    assert workers_entry["step_time"] <= thread_entry["step_time"] - 0.5 * loading_s, (
+        thread_entry,
+        workers_entry,
+    )
 
 
 def test_equal_loading_adds_to_each_ranks_unequal_device_cost(tmp_path):
@@ -82,7 +91,7 @@ def test_equal_loading_adds_to_each_ranks_unequal_device_cost(tmp_path):
     for rank, device in enumerate(UNEQUAL):
         # both sleeps are the rank's own cost (lower bound, with 10% to spare)
         assert compute[rank] >= 0.9 * BATCH_SIZE * (LOAD + device), first
-    # the slower device's rank costs more by most of the difference (48 ms); the faster
+    # the slower device's rank costs more by most of the difference (96 ms); the faster
     # one waits for it rather than computing
     assert compute[1] - compute[0] >= 0.5 * BATCH_SIZE * (UNEQUAL[1] - UNEQUAL[0]), first
     assert first["wait_times"][0] >= 0.5 * BATCH_SIZE * (UNEQUAL[1] - UNEQUAL[0]), first

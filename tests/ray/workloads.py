@@ -127,8 +127,12 @@ def _trainer(strategy: pl.strategies.Strategy, **kwargs: Any) -> pl.Trainer:
 def _throttle(world_size: int) -> pl.Callback:
     from lightning_hetero.emulate import Throttle
 
-    # rank 1 pays 1 ms per sample: it is the slow worker the plan must move work away from
-    return Throttle(sample_cost=[0.001 if rank == 1 else 0.0 for rank in range(world_size)])
+    # rank 1 pays 5 ms per sample: it is the slow worker the plan must move work away from.
+    # At the uniform 16 that is 80 ms a step, so the first boundary moves the plan even when
+    # the real compute that every rank pays alike (a Ray worker's step on a busy 2-core
+    # machine) is as long: at 1 ms per sample, 16 ms against it, the auto dead-band that
+    # follows the timing noise could hold the uniform plan through every boundary
+    return Throttle(sample_cost=[0.005 if rank == 1 else 0.0 for rank in range(world_size)])
 
 
 def exact_and_train(config: dict[str, Any]) -> None:
