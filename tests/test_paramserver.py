@@ -129,3 +129,40 @@ def test_malformed_pushes_are_refused_with_the_reason(args, message):
     with pytest.raises((ValueError, IndexError), match=message):
         server.push(*args)
     assert server.version == 0
+
+
+def test_with_momentum_each_push_weighs_its_gradient_by_its_share_not_by_a_later_pushs_lr():
+    # two ranks push 3/4 and 1/4 of B. SGD's buffer carries the first push into the second
+    # step: it must carry it at 3/4 (DDP's weight of those samples), not at the second push's
+    # learning rate of 1/4, so the rule weighs each gradient by K * share at lr / K
+    layer, optimizer, server = server_for(lr=0.4, momentum=0.9, world_size=2)
+    before = [p.detach().clone() for p in layer.parameters()]
+    first = [torch.randn_like(p) for p in before]
+    second = [torch.randn_like(p) for p in before]
+    pushed = [g.clone() for g in first]
+    server.push(0, 0, pushed, 96, 128, [0.4], 0)
+    result = server.push(1, 0, second, 32, 128, [0.4], 1)
+    for old, new, g1, g2 in zip(before, result.params, first, second):
+        buffer = 2 * 0.75 * g1
+        after_first = old - 0.2 * buffer  # = old - 0.4 * 0.75 * g1: the linear rule's step
+        buffer = 0.9 * buffer + 2 * 0.25 * g2
+        torch.testing.assert_close(new, after_first - 0.2 * buffer)
+    assert all(torch.equal(p, g) for p, g in zip(pushed, first))  # the pushed tensors kept
+    assert optimizer.param_groups[0]["lr"] == 0.4  # the user's optimizer is left alone
+    assert server.optimizer_state(0)["param_groups"][0]["lr"] == 0.4  # the schedule's value
+
+
+def test_adaptive_optimizers_under_the_linear_rule_keep_the_scaled_learning_rate():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 2)
+    adam = torch.optim.Adam(layer.parameters(), lr=0.01)
+    reference = [p.detach().clone().requires_grad_() for p in layer.parameters()]
+    server = ParameterServer([adam], 2, lr_scaling="linear")
+    grads = [torch.randn_like(p) for p in reference]
+    result = server.push(0, 0, grads, 96, 128, [0.01], 0)
+    expected = torch.optim.Adam(reference, lr=0.01 * 0.75)
+    for param, grad in zip(reference, grads):
+        param.grad = grad.clone()
+    expected.step()
+    for new, want in zip(result.params, reference):
+        torch.testing.assert_close(new, want.detach())
