@@ -2,11 +2,9 @@
 
 The server lives in rank 0's process. It owns a CPU copy of the trained parameters and a
 copy of each of the user's optimizers, and applies every pushed gradient as soon as it
-arrives, one push at a time, moving it by the pushing rank's batch share ``b_k / B`` of a
-step (paper 002 Eq. 5b) for SGD: the gradient weighed by ``K * b_k / B`` at ``lr / K``, so
-that momentum carries every push at its share; for adaptive optimizers the learning rate
-scaled by a factor between ``b_k / B`` and ``sqrt(b_k / B)`` set by the measured gradient
-noise (``NoiseScale``).
+arrives, one push at a time, with the learning rate scaled by the pushing rank's batch
+share ``b_k / B`` (paper 002 Eq. 5b) for SGD; for adaptive optimizers by a factor between
+``b_k / B`` and ``sqrt(b_k / B)`` set by the measured gradient noise (``NoiseScale``).
 Workers reach it through ``torch.distributed.rpc`` (TensorPipe); rank 0's own worker calls
 it directly. RPC requests run on the RPC agent's threads, so the server keeps serving while
 rank 0's training loop is busy.
@@ -28,14 +26,7 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.optim import Optimizer
 
-from lightning_hetero._optim import (
-    NoiseScale,
-    is_adaptive,
-    lr_factor,
-    lr_rule,
-    optimizer_params,
-    scaled_lr,
-)
+from lightning_hetero._optim import NoiseScale, lr_factor, lr_rule, optimizer_params, scaled_lr
 from lightning_hetero.collectives import add_note, is_timeout
 
 __all__ = [
@@ -78,10 +69,6 @@ class _Slot:
     rule: str = "linear"
     #: The "noise" rule's measurement of the pushed gradients (``None`` under other rules).
     noise: NoiseScale | None = None
-    #: The linear rule on an SGD-family optimizer: a push's share weighs its gradient (times
-    #: the world size) and the learning rate is ``lr / world_size``, not ``lr * share``, so
-    #: that momentum carries every push at its share (``ParameterServer.push``).
-    weighs_gradients: bool = False
 
 
 def _to_cpu(optimizer: Optimizer) -> None:
@@ -129,8 +116,7 @@ class ParameterServer:
             _to_cpu(clone)
             rule = lr_rule(lr_scaling, optimizer, measured=True)
             noise = NoiseScale() if rule == "noise" else None
-            weighs = rule == "linear" and not is_adaptive(optimizer)
-            self._slots.append(_Slot(clone, optimizer_params(clone), rule, noise, weighs))
+            self._slots.append(_Slot(clone, optimizer_params(clone), rule, noise))
         self._counters = [_RankCounters() for _ in range(world_size)]
         #: Seconds spent applying the pushes of ranks other than 0. They run on the RPC agent's
         #: threads in rank 0's process, beside rank 0's own training: rank 0 leaves them out
@@ -160,10 +146,7 @@ class ParameterServer:
         update's learning rate (dual batch size learning's model-update factor).
         The learning rate is ``lr * update_factor * lr_factor(rule, batch_size /
         global_batch_size)`` with the optimizer's rule (``lr_factor``; under ``"noise"``, the
-        factor ``NoiseScale`` measures from the pushes so far, this one included). Under the
-        linear rule an SGD-family optimizer steps on the gradient times ``world_size`` times
-        that factor at ``lr / world_size`` instead: the same step, and its momentum buffer
-        holds each push at its share.
+        factor ``NoiseScale`` measures from the pushes so far, this one included).
         """
         slot = self._slot(index)
         if len(grads) != len(slot.params):
@@ -186,25 +169,12 @@ class ParameterServer:
         with self._lock:
             began = time.perf_counter()
             share = self._share(slot, grads, batch_size, global_batch_size) * update_factor
-            # SGD's momentum buffer sums the pushes' gradients and applies the sum at each
-            # later push's learning rate: scaled learning rates would carry a small push's
-            # gradient at a large push's rate, weighing its samples more than DDP does. So
-            # the linear rule weighs the gradient by its share instead (times K, at lr / K:
-            # the same step for this push, and DDP's per-sample weights in the buffer)
-            weight, lr_factor_ = (
-                (share * self.world_size, 1 / self.world_size) if slot.weighs_gradients
-                else (1.0, share)
-            )  # fmt: skip
             for param, grad in zip(slot.params, grads):
-                if grad is None:
-                    param.grad = None
-                else:  # a new tensor: the caller's gradient stays as pushed
-                    grad = grad.to(param.device, param.dtype)
-                    param.grad = grad * weight if weight != 1.0 else grad
+                param.grad = None if grad is None else grad.to(param.device, param.dtype)
             for group, lr in zip(groups, lrs):
                 group["lr"] = lr  # the schedule's value, kept in the saved state
             try:
-                with scaled_lr(slot.optimizer, lr_factor_):
+                with scaled_lr(slot.optimizer, share):
                     slot.optimizer.step()
             finally:
                 for param in slot.params:
