@@ -64,7 +64,7 @@ class DualBatchMode(ParameterServerMode):
     def update_factor(self, optimizer: torch.optim.Optimizer) -> float:
         plan = self.dual_plan
         assert plan is not None
-        return 1.0 if plan.factor_rule == "share" else float(plan.update_factors[self.ctx.rank])
+        return 1.0 if self._shares() else float(plan.update_factors[self.ctx.rank])
 
     # ---------------------------------------------------------------- the plan
     def first_plan(self, loader: DataLoader, probe_time: TimeProbe) -> list[int] | None:
