@@ -32,11 +32,13 @@ def _distance(plan: list[int], level: str) -> int:
     ("controller", "options", "adjust_every", "tolerance"),
     [
         ("lbbsp", {"predictor": "ema"}, 2, 0.2),
-        ("lbbsp", {"predictor": "narx"}, 2, 0.2),
+        # three of the five under `make test-slow` only (about 50 s each): CI's time limit;
+        # every controller's planning is tested in milliseconds with the simulator
+        pytest.param("lbbsp", {"predictor": "narx"}, 2, 0.2, marks=pytest.mark.slow),
         ("updates", {}, 2, 0.2),
-        ("model", {}, 2, 0.2),
+        pytest.param("model", {}, 2, 0.2, marks=pytest.mark.slow),
         # 5 samples per window of 5 boundaries: it only gets part of the way in 36 steps
-        ("stepwise", {}, 1, None),
+        pytest.param("stepwise", {}, 1, None, marks=pytest.mark.slow),
     ],
     ids=["lbbsp-ema", "lbbsp-narx", "updates", "model", "stepwise"],
 )
@@ -72,7 +74,8 @@ def _toward(plan: list[int], level: str) -> bool:
     return ordered and _distance(plan, level) <= _distance([32] * 4, level) / 2
 
 
-@pytest.mark.parametrize("revert_slower", [False, True])
+# without the step-time check under `make test-slow` only (CI's time limit)
+@pytest.mark.parametrize("revert_slower", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_speed_change_mid_epoch_is_absorbed_within_a_few_boundaries(tmp_path, revert_slower):
     change_step = 18  # the middle of the second epoch
     # Boundaries every 2 steps read medians of 2 steps, and at HL8 rank 3's 85 samples carry

@@ -77,7 +77,10 @@ def test_the_plan_moves_toward_the_speed_proportional_split_and_reaches_it(tmp_p
     assert first["wait_times"].index(max(first["wait_times"])) == 3
 
 
-@pytest.mark.parametrize("distributed", [True, False], ids=["sharded", "full"])
+# the full checkpoint under `make test-slow` only (CI's time limit)
+@pytest.mark.parametrize(
+    "distributed", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["sharded", "full"]
+)
 def test_a_resumed_run_keeps_the_plan_and_the_controller(tmp_path, distributed):
     options = dict(
         strategy="hetero_fsdp",
