@@ -1,7 +1,7 @@
 """Small optimizer helpers shared by the modes and the probes."""
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -11,7 +11,9 @@ __all__ = [
     "LR_SCALING",
     "NoiseScale",
     "check_lr_scaling",
+    "has_momentum",
     "is_adaptive",
+    "lookahead_factor",
     "lr_factor",
     "lr_rule",
     "optimizer_params",
@@ -74,6 +76,38 @@ def is_adaptive(optimizer: torch.optim.Optimizer) -> bool:
     if isinstance(raw, _ADAPTIVE):
         return True
     return any(_ADAPTIVE_KEYS.intersection(group) for group in raw.param_groups)
+
+
+def has_momentum(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` (or the one a ``LightningOptimizer`` wraps) steps with heavy-ball
+    momentum: ``torch.optim.SGD`` (or a subclass) with ``momentum > 0`` in some group."""
+    raw = getattr(optimizer, "_optimizer", optimizer)
+    return isinstance(raw, torch.optim.SGD) and any(
+        float(group.get("momentum", 0.0)) > 0 for group in raw.param_groups
+    )
+
+
+def lookahead_factor(group: Mapping[str, Any], updates: float) -> float:
+    """How far, in units of ``lr * momentum_buffer``, the momentum of ``updates`` further SGD
+    steps at ``group``'s learning rate moves the parameters: ``sum_{j=1..n} mu^j`` (one power
+    more under Nesterov, whose step adds ``mu * buffer`` to the gradient), negative for
+    ``maximize``. ``updates`` may be fractional (a moving average).
+
+    Examples:
+        >>> lookahead_factor({"momentum": 0.9}, 1), round(lookahead_factor({"momentum": 0.9}, 2), 4)
+        (0.9, 1.71)
+        >>> lookahead_factor({"momentum": 0.9, "nesterov": True}, 1)
+        0.81
+        >>> lookahead_factor({"momentum": 0.0}, 3)
+        0.0
+    """
+    mu = float(group.get("momentum", 0.0))
+    if mu <= 0 or updates <= 0:
+        return 0.0
+    total = mu * (1 - mu**updates) / (1 - mu) if mu < 1 else float(updates)
+    if group.get("nesterov", False):
+        total *= mu
+    return -total if group.get("maximize", False) else total
 
 
 def lr_rule(lr_scaling: Any, optimizer: torch.optim.Optimizer, measured: bool = False) -> Rule:

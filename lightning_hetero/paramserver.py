@@ -26,7 +26,15 @@ import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.optim import Optimizer
 
-from lightning_hetero._optim import NoiseScale, lr_factor, lr_rule, optimizer_params, scaled_lr
+from lightning_hetero._optim import (
+    NoiseScale,
+    has_momentum,
+    lookahead_factor,
+    lr_factor,
+    lr_rule,
+    optimizer_params,
+    scaled_lr,
+)
 from lightning_hetero.collectives import add_note, is_timeout
 
 __all__ = [
@@ -38,6 +46,9 @@ __all__ = [
     "rpc_port",
     "worker_name",
 ]
+
+#: Weight of the newest staleness in a rank's moving average (the lookahead's prediction).
+_RECENT = 0.3
 
 #: The environment variable that sets the TCP port of the parameter server's RPC rendezvous
 #: (on rank 0, at the job's main address); default: the job's main port + 1.
@@ -60,6 +71,18 @@ class _RankCounters:
 
 
 @dataclass
+class _RankRecent:
+    """What the lookahead predicts from: a rank's recent staleness and learning-rate factor."""
+
+    #: Moving average of the other ranks' pushes between two of this rank's (its staleness),
+    #: from ``world_size - 1`` (every other rank pushes once, as with equal speeds).
+    staleness: float = 0.0
+    #: The learning-rate factor (batch share under the rule, times any update factor) of the
+    #: rank's last push.
+    factor: float | None = None
+
+
+@dataclass
 class _Slot:
     """One of the user's optimizers on the server, with the parameters it steps."""
 
@@ -69,6 +92,8 @@ class _Slot:
     rule: str = "linear"
     #: The "noise" rule's measurement of the pushed gradients (``None`` under other rules).
     noise: NoiseScale | None = None
+    #: Whether pushes get their parameters back moved ahead by the expected momentum.
+    lookahead: bool = False
 
 
 def _to_cpu(optimizer: Optimizer) -> None:
@@ -95,6 +120,12 @@ class ParameterServer:
             ``"linear"`` (``True``), ``"sqrt"``, ``"noise"`` (between the two by the measured
             gradient noise, ``NoiseScale``), or ``"none"`` (``False``: every push with the
             full learning rate, for ablations); see ``lr_rule``.
+        lookahead: whether a push returns the parameters moved ahead by the momentum the
+            server will apply before the rank's next push arrives (``lookahead_factor``),
+            so its next gradient is taken about where it will be applied: ``"auto"`` (where
+            the optimizer has heavy-ball momentum, ``has_momentum``), ``True`` (refused for
+            an optimizer without it) or ``False``. ``pull`` always returns the parameters
+            themselves.
 
     Pushes are serialized by a lock: an update is applied whole or not at all, and a
     push that arrives while another is applied waits for it.
@@ -105,6 +136,7 @@ class ParameterServer:
         optimizers: Sequence[Optimizer],
         world_size: int,
         lr_scaling: bool | str = "auto",
+        lookahead: bool | str = "auto",
     ) -> None:
         self.lr_scaling = lr_scaling
         self.world_size = world_size
@@ -116,8 +148,16 @@ class ParameterServer:
             _to_cpu(clone)
             rule = lr_rule(lr_scaling, optimizer, measured=True)
             noise = NoiseScale() if rule == "noise" else None
-            self._slots.append(_Slot(clone, optimizer_params(clone), rule, noise))
+            ahead = lookahead is True or (lookahead == "auto" and has_momentum(clone))
+            if ahead and not has_momentum(clone):
+                raise ValueError(
+                    f"lookahead=True moves parameters ahead by heavy-ball momentum, which"
+                    f" {type(optimizer).__name__} has none of: use torch.optim.SGD with"
+                    " momentum > 0, or lookahead='auto'."
+                )
+            self._slots.append(_Slot(clone, optimizer_params(clone), rule, noise, ahead))
         self._counters = [_RankCounters() for _ in range(world_size)]
+        self._recent = [_RankRecent(staleness=world_size - 1.0) for _ in range(world_size)]
         #: Seconds spent applying the pushes of ranks other than 0. They run on the RPC agent's
         #: threads in rank 0's process, beside rank 0's own training: rank 0 leaves them out
         #: of its step times, which would otherwise make it look slower than it is.
@@ -185,10 +225,36 @@ class ParameterServer:
                 counters.updates += 1
                 counters.staleness_sum += staleness
                 counters.staleness_max = max(counters.staleness_max, staleness)
-            result = PushResult([p.detach().clone() for p in slot.params], self.version)
+            recent = self._recent[rank]
+            recent.factor = share
+            recent.staleness += _RECENT * (staleness - recent.staleness)
+            params = [p.detach().clone() for p in slot.params]
+            if slot.lookahead:
+                self._look_ahead(slot, rank, params)
+            result = PushResult(params, self.version)
             if rank != 0:
                 self.serving_s += time.perf_counter() - began
             return result
+
+    def _look_ahead(self, slot: _Slot, rank: int, params: list[torch.Tensor]) -> None:
+        """Move ``params`` (rank ``rank``'s copy, in place) by the momentum part of the
+        updates expected before its next push: as many as its recent staleness, each at the
+        other ranks' recent learning-rate factor (under the lock)."""
+        recent = self._recent[rank]
+        others = [r.factor for k, r in enumerate(self._recent) if k != rank and r.factor]
+        if not others or not recent.staleness:
+            return  # nothing will be applied in between, or nothing is known yet
+        factor = sum(others) / len(others)
+        by_param = {id(p): i for i, p in enumerate(slot.params)}
+        state = slot.optimizer.state
+        for group in slot.optimizer.param_groups:
+            scale = lookahead_factor(group, recent.staleness) * float(group["lr"]) * factor
+            if scale == 0:
+                continue
+            for param in group["params"]:
+                buffer = state.get(param, {}).get("momentum_buffer")
+                if buffer is not None and id(param) in by_param:
+                    params[by_param[id(param)]].sub_(buffer, alpha=scale)
 
     @staticmethod
     def _share(

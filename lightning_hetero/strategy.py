@@ -115,6 +115,15 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             ``K`` times the factor of ``s = b_k / B`` per replica step (a merge averages the
             ``K`` replicas): ``lr`` at an even split under ``"linear"``, ``sqrt(K) * lr``
             under ``"sqrt"`` (see [Training modes](../modes.md)).
+        lookahead: async mode (``controller="dual"`` included), optimizers with heavy-ball
+            momentum: the parameters a push returns are moved ahead by the momentum the
+            server will apply before that rank's next push (its recent staleness times the
+            other ranks' recent learning-rate factors), so its next gradient is taken about
+            where it will be applied, not where the model was. ``"auto"`` (default): on for
+            ``torch.optim.SGD`` with ``momentum > 0``, off for other optimizers; ``True``:
+            on, refused for an optimizer without momentum; ``False``: off (paper 002's
+            plain pull). Validation, checkpoints and the end of training always see the
+            server's parameters themselves (see [Training modes](../modes.md)).
         rpc_timeout: async mode: seconds a push or pull to the parameter server may take
             before the rank stops with an error naming it.
         timeout: how long a collective waits for every rank (``DDPStrategy``'s option). A rank
@@ -177,6 +186,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         weighted: bool = True,
         shuffle: bool = True,
         lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto",
+        lookahead: bool | Literal["auto"] = "auto",
         rpc_timeout: float = 300.0,
         megabatch_size: int | None = None,
         delta: float = 0.1,
@@ -206,6 +216,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             adjust_every=adjust_every,
             weighted=weighted,
             lr_scaling=lr_scaling,
+            lookahead=lookahead,
             rpc_timeout=rpc_timeout,
             megabatch_size=megabatch_size,
             delta=delta,
@@ -228,6 +239,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         # options, as given (scikit-learn style); what a run learns lives in the objects
         self.mode = mode
         self.weighted, self.lr_scaling, self.rpc_timeout = weighted, lr_scaling, rpc_timeout
+        self.lookahead = lookahead
         self.megabatch_size, self.delta, self.gamma = megabatch_size, delta, gamma
         self.perturb_threshold = perturb_threshold
         self._start_hetero(training_mode, plan_state, shared)

@@ -72,9 +72,11 @@ def test_momentum_state_is_the_servers_and_survives_a_state_dict_round_trip():
         for param, value in zip(layer.parameters(), server.pull(0).params):
             param.copy_(value)
     twin = ParameterServer([optimizer], 3)
-    a = server.push(1, 0, grads, 1, 2, [0.5], 1)
-    b = twin.push(1, 0, grads, 1, 2, [0.5], 0)
-    for x, y in zip(a.params, b.params):
+    server.push(1, 0, grads, 1, 2, [0.5], 1)
+    twin.push(1, 0, grads, 1, 2, [0.5], 0)
+    # the applied step is the same (what a push returns also moves ahead by the momentum
+    # to come, from the ranks' recent pushes, which a resume learns again)
+    for x, y in zip(server.pull(0).params, twin.pull(0).params):
         torch.testing.assert_close(x, y)
 
 
@@ -129,3 +131,63 @@ def test_malformed_pushes_are_refused_with_the_reason(args, message):
     with pytest.raises((ValueError, IndexError), match=message):
         server.push(*args)
     assert server.version == 0
+
+
+def _buffers(server: ParameterServer) -> list[torch.Tensor]:
+    state = server.optimizer_state(0)["state"]
+    return [state[i]["momentum_buffer"] for i in sorted(state)]
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_a_push_returns_the_parameters_moved_ahead_by_the_momentum_to_come(nesterov):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.5, momentum=0.9, nesterov=nesterov)
+    server = ParameterServer([optimizer], 2)
+    grads = [torch.randn_like(p) for p in layer.parameters()]
+    first = server.push(1, 0, grads, 32, 128, [0.5], 0)  # nothing known of rank 0 yet
+    assert all(torch.equal(a, b) for a, b in zip(first.params, server.pull(0).params))
+    result = server.push(0, 0, grads, 96, 128, [0.5], 0)  # staleness 1: one push to come
+    # rank 1's next push (factor 32/128) applies lr * 0.25 * mu * buffer of momentum first
+    # (Nesterov's step one power of mu more), before rank 0's next gradient arrives
+    ahead = 0.5 * 32 / 128 * (0.81 if nesterov else 0.9)
+    exact = server.pull(0).params
+    for got, param, buffer in zip(result.params, exact, _buffers(server)):
+        torch.testing.assert_close(got, param - ahead * buffer)
+        assert not torch.equal(got, param)
+
+
+def test_lookahead_follows_the_ranks_recent_staleness_and_can_be_turned_off():
+    torch.manual_seed(0)
+    grads = [torch.randn(2, 4), torch.randn(2)]
+    results = {}
+    for lookahead in ("auto", False):
+        layer = torch.nn.Linear(4, 2)
+        torch.manual_seed(1)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.5)
+        server = ParameterServer([optimizer], 3, lookahead=lookahead)
+        server.push(1, 0, grads, 4, 12, [0.1], 0)
+        server.push(2, 0, grads, 4, 12, [0.1], 0)
+        results[lookahead] = (server.push(0, 0, grads, 4, 12, [0.1], 0), server)
+    result, server = results["auto"]
+    # rank 0's staleness 2: two pushes at the others' factor 4/12, momentum 0.5 + 0.25
+    for got, param, buffer in zip(result.params, server.pull(0).params, _buffers(server)):
+        torch.testing.assert_close(got, param - 0.1 * 4 / 12 * 0.75 * buffer)
+    result, server = results[False]
+    assert all(torch.equal(a, b) for a, b in zip(result.params, server.pull(0).params))
+
+
+def test_optimizers_without_momentum_get_the_parameters_themselves():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 2)
+    grads = [torch.randn_like(p) for p in layer.parameters()]
+    for optimizer in (
+        torch.optim.Adam(layer.parameters(), lr=0.1),
+        torch.optim.SGD(layer.parameters(), lr=0.1),
+    ):
+        server = ParameterServer([optimizer], 2)
+        server.push(1, 0, grads, 1, 2, [0.1], 0)
+        result = server.push(0, 0, grads, 1, 2, [0.1], 0)
+        assert all(torch.equal(a, b) for a, b in zip(result.params, server.pull(0).params))
+    with pytest.raises(ValueError, match="lookahead=True .* Adam has none"):
+        ParameterServer([torch.optim.Adam(layer.parameters())], 2, lookahead=True)

@@ -223,6 +223,7 @@ CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
     "ddp": {"strategy": "ddp"},
     "bsp": {"strategy": "hetero"},
     "async": {"strategy": "hetero", "extra": {"mode": "async"}},
+    "async-plain": {"strategy": "hetero", "extra": {"mode": "async", "lookahead": False}},
     "async-sqrt": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": "sqrt"}},
     "async-linear": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": "linear"}},
     "dual": {"strategy": "hetero", "controller": "dual", "extra": {"mode": "async"}},

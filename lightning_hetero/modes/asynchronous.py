@@ -81,7 +81,9 @@ class ParameterServerMode(Mode):
     def on_train_start(self) -> None:
         ctx = self.ctx
         if ctx.rank == 0:
-            self.server = ParameterServer(ctx.optimizers, ctx.world_size, self._lr_scaling())
+            self.server = ParameterServer(
+                ctx.optimizers, ctx.world_size, self._lr_scaling(), self.options.lookahead
+            )
             ServerClient.start_server(self.server)
             self._warn_adaptive()
         self.synchronize("the start of training")  # every rank starts from the server

@@ -41,6 +41,7 @@ class ModeOptions:
     adjust_every: Literal["epoch"] | int = "epoch"
     weighted: bool = True
     lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto"
+    lookahead: bool | Literal["auto"] = "auto"
     rpc_timeout: float = 300.0
     megabatch_size: int | None = None
     delta: float = 0.1
@@ -55,6 +56,8 @@ class ModeOptions:
             self.global_batch_size,
         )  # fmt: skip
         check_lr_scaling(self.lr_scaling)
+        if self.lookahead not in (True, False, "auto"):
+            raise ValueError(f"`lookahead` must be 'auto', True or False, got {self.lookahead!r}.")
         if not self.rpc_timeout > 0:
             raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {self.rpc_timeout}.")
 
@@ -122,6 +125,12 @@ class Mode:
             raise ValueError(
                 f"mode={cls.name!r} re-plans at epoch boundaries{cls.other_boundaries()};"
                 f" `adjust_every` must be 'epoch', got {options.adjust_every!r}."
+            )
+        if options.lookahead != "auto" and cls.name != "async":
+            raise ValueError(
+                f"`lookahead` moves the parameters an async push returns; mode={cls.name!r}"
+                f" has no parameter server. Leave lookahead='auto' (got {options.lookahead!r}),"
+                " or use mode='async'."
             )
         if isinstance(controller, DualBatchController) and not cls.runs_dual:
             raise ValueError(

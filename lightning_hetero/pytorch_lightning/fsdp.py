@@ -27,7 +27,7 @@ __all__ = ["HeteroFSDPStrategy"]
 #: The modes sharded training runs: synchronous only.
 FSDP_MODES = {ShardedMode.name: ShardedMode}
 #: HeteroStrategy's options that only DDP modes have.
-_DDP_ONLY = ("weighted", "lr_scaling", "rpc_timeout", "megabatch_size", "delta")
+_DDP_ONLY = ("weighted", "lr_scaling", "lookahead", "rpc_timeout", "megabatch_size", "delta")
 _DDP_ONLY += ("perturb_threshold", "gamma", "ddp_comm_hook", "find_unused_parameters")
 
 
