@@ -2,7 +2,7 @@
 
 import pytest
 
-from lightning_hetero.bench.mode_sim import simulate
+from lightning_hetero.bench.mode_sim import simulate, simulate_digits
 
 TINY = {"lr": 3e-3, "epochs": 1, "global_batch": 16, "train_size": 64, "val_size": 64}
 
@@ -22,3 +22,17 @@ def test_one_rank_is_ddp(rule: str) -> None:
 )
 def test_the_rules_differ_on_two_ranks(one: str, other: str) -> None:
     assert simulate(one, 2, 0, **TINY) != simulate(other, 2, 0, **TINY)
+
+
+def test_digits_on_one_rank_is_ddp_with_or_without_lookahead() -> None:
+    # one rank: no push in between, so nothing to look ahead by, and a share of 1
+    ddp = simulate_digits("ddp", [1.0], 0, epochs=1)
+    assert simulate_digits("async", [1.0], 0, epochs=1) == ddp
+    assert simulate_digits("async-plain", [1.0], 0, epochs=1) == ddp
+
+
+def test_digits_lookahead_changes_what_two_ranks_compute() -> None:
+    with_lookahead = simulate_digits("async", [1.0, 3.0], 0, epochs=1)
+    assert with_lookahead != simulate_digits("async-plain", [1.0, 3.0], 0, epochs=1)
+    with pytest.raises(ValueError, match="unknown digits rule 'local'"):
+        simulate_digits("local", [1.0], 0)

@@ -9,6 +9,11 @@ warm-up and cosine over the data seen). Much cheaper than ``python -m
 lightning_hetero.bench.modes`` (one process, one thread), for the rules' effect alone:
 
     python -m lightning_hetero.bench.mode_sim --workers 2 4 --seeds 0 1 --lr-factors 1 2
+
+``--digits COST ...`` runs the digits task with SGD and momentum instead (``simulate_digits``),
+one rank per cost, ranks of different speeds included:
+
+    python -m lightning_hetero.bench.mode_sim --digits 1 3 --seeds 0 1 2 3 4 5 6 7 8 9
 """
 
 import argparse
@@ -25,7 +30,7 @@ from lightning_hetero.bench.workload import ReverseTransformer, reverse_tensors
 from lightning_hetero.paramserver import ParameterServer
 from lightning_hetero.planning.dual import TimeModel, plan_dual_batch
 
-__all__ = ["RULES", "simulate"]
+__all__ = ["DIGITS_RULES", "RULES", "simulate", "simulate_digits"]
 
 #: The compared update rules: ``ddp``; ``async`` with ``lr_scaling`` ``"auto"`` (the
 #: measured-noise rule for Adam), ``"sqrt"`` or ``"linear"`` (paper 002's rule); ``local``
@@ -207,18 +212,128 @@ def _simulate_dual(
     return curve
 
 
+#: The digits task's rules: ``ddp``; ``async`` with its defaults (the linear rule for SGD, and
+#: ``lookahead="auto"``: on, the optimizer has momentum) and ``async-plain`` (no lookahead).
+DIGITS_RULES = ("ddp", "async", "async-plain")
+
+
+def simulate_digits(
+    rule: str,
+    costs: Sequence[float],
+    seed: int,
+    lr: float = 0.05,
+    epochs: int = 6,
+    global_batch: int = 128,
+) -> list[float]:
+    """Validation accuracy (macro average over the 10 classes) after each epoch of ``rule``
+    on the benchmark's digits task (the digits CNN, SGD with momentum 0.9) with one emulated
+    rank per entry of ``costs``, its time per sample.
+
+    Ranks run in the order their steps end: the first epoch on the uniform plan, the others
+    on the speed-proportional one (what the controller converges to), each on its share of
+    the epoch's permutation, every gradient on the parameters its last push returned, so
+    staleness follows from the speeds. The server is the real ``ParameterServer``."""
+    from lightning_hetero.bench.workload import DigitsCNN, load_digits_tensors
+    from lightning_hetero.planning.split import proportional_split
+
+    if rule not in DIGITS_RULES:
+        raise ValueError(f"unknown digits rule {rule!r}; expected one of {DIGITS_RULES}.")
+    torch.manual_seed(seed)
+    train, val = load_digits_tensors(seed)
+    x, y = train.tensors
+    model = DigitsCNN(lr=lr)
+    workers, size = len(costs), len(x)
+    curve = []
+    if rule == "ddp":
+        optimizer = model.configure_optimizers()
+        for _ in range(epochs):
+            order = torch.randperm(size)
+            for start in range(0, size, global_batch):
+                batch = order[start : start + global_batch]
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+                optimizer.step()
+            curve.append(_macro_accuracy(model, *val.tensors))
+        return curve
+    lookahead = "auto" if rule == "async" else False
+    server = ParameterServer([model.configure_optimizers()], workers, "auto", lookahead)
+    replicas = [copy.deepcopy(model) for _ in range(workers)]
+    seen = [0] * workers
+    plan = [global_batch // workers] * workers
+    for epoch in range(epochs):
+        if epoch:  # the controller's plan: samples per second of each rank
+            plan = proportional_split([1 / c for c in costs], global_batch, [1] * workers)
+        order = torch.randperm(size)
+        shares = [size * b // global_batch for b in plan]
+        shares[-1] = size - sum(shares[:-1])
+        starts = [sum(shares[:k]) for k in range(workers)]
+        pulled = server.pull(0)  # every rank starts the epoch from the server
+        for k, replica in enumerate(replicas):
+            _load(replica, pulled.params)
+            seen[k] = pulled.version
+        done = [0] * workers
+        events = [(costs[k] * plan[k], k) for k in range(workers)]
+        heapq.heapify(events)
+        while events:
+            now, k = heapq.heappop(events)
+            part = order[starts[k] + done[k] : starts[k] + min(done[k] + plan[k], shares[k])]
+            replica = replicas[k]
+            replica.zero_grad()
+            nn.functional.cross_entropy(replica(x[part]), y[part]).backward()
+            grads = [p.grad for p in replica.parameters()]
+            # an epoch's last, smaller step: the rank's part of a smaller global batch
+            total = max(len(part), round(len(part) * global_batch / plan[k]))
+            result = server.push(k, 0, grads, len(part), total, [lr], seen[k])
+            _load(replica, result.params)
+            seen[k] = result.version
+            done[k] += len(part)
+            if done[k] < shares[k]:
+                heapq.heappush(events, (now + costs[k] * min(plan[k], shares[k] - done[k]), k))
+        evaluated = replicas[0]  # rank 0's BatchNorm statistics, the server's parameters
+        _load(evaluated, server.pull(0).params)
+        curve.append(_macro_accuracy(evaluated, *val.tensors))
+    return curve
+
+
+def _macro_accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        predicted = model(images).argmax(-1)
+    model.train()
+    return float(
+        torch.stack([(predicted[labels == c] == c).float().mean() for c in range(10)]).mean()
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES))
+    parser.add_argument("--rules", nargs="+", choices=list(dict.fromkeys(RULES + DIGITS_RULES)))
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--lr-factors", type=float, nargs="+", default=[1.0, 2.0])
+    parser.add_argument(
+        "--digits",
+        type=float,
+        nargs="+",
+        metavar="COST",
+        help="run the digits task (SGD with momentum; rules: ddp, async, async-plain) with one"
+        " rank per COST, its time per sample (e.g. 1 3: the second rank 3x slower) instead",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.digits:
+        rules = args.rules or list(DIGITS_RULES)
+        if set(rules) - set(DIGITS_RULES):
+            parser.error(f"the digits task runs the rules {', '.join(DIGITS_RULES)}")
+        _digits_table(rules, args.digits, args.seeds)
+        return
+    rules = args.rules or list(RULES)
+    if set(rules) - set(RULES):
+        parser.error(f"the transformer task runs the rules {', '.join(RULES)}")
     print("| lr | K | rule | seed | val acc per epoch |\n|---|---|---|---|---|", flush=True)
     for lr_x in args.lr_factors:
         for workers in args.workers:
-            for rule in args.rules:
+            for rule in rules:
                 if rule == "ddp" and workers != args.workers[0]:
                     continue  # DDP does not depend on K
                 for seed in args.seeds:
@@ -226,6 +341,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                     accs = " / ".join(f"{a:.3f}" for a in curve)
                     k = "-" if rule == "ddp" else workers
                     print(f"| {5e-4 * lr_x:g} | {k} | `{rule}` | {seed} | {accs} |", flush=True)
+
+
+def _digits_table(rules: Sequence[str], costs: Sequence[float], seeds: Sequence[int]) -> None:
+    print(f"costs per sample {list(costs)}\n| rule | seed | val acc per epoch |\n|---|---|---|")
+    for rule in rules:
+        finals = []
+        for seed in seeds:
+            curve = simulate_digits(rule, costs, seed)
+            finals.append(curve[-1])
+            print(f"| `{rule}` | {seed} | {' / '.join(f'{a:.3f}' for a in curve)} |", flush=True)
+        print(f"| `{rule}` | mean | {sum(finals) / len(finals):.3f} (min {min(finals):.3f}) |")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,13 @@ from typing import Any, ClassVar
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
-from lightning_hetero._optim import check_lr_scaling, is_adaptive, optimizer_params, patched
+from lightning_hetero._optim import (
+    check_lr_scaling,
+    has_momentum,
+    is_adaptive,
+    optimizer_params,
+    patched,
+)
 from lightning_hetero.collectives import add_note
 from lightning_hetero.localsgd import weighted_average_
 from lightning_hetero.modes.base import Mode, ModeOptions
@@ -80,6 +86,13 @@ class ParameterServerMode(Mode):
 
     def on_train_start(self) -> None:
         ctx = self.ctx
+        lacking = [type(o).__name__ for o in ctx.optimizers if not has_momentum(o)]
+        if self.options.lookahead is True and lacking:  # on every rank: none waits for rank 0
+            raise ValueError(
+                f"lookahead=True moves parameters ahead by heavy-ball momentum, which"
+                f" {', '.join(lacking)} has none of: use torch.optim.SGD with momentum > 0,"
+                " or lookahead='auto'."
+            )
         if ctx.rank == 0:
             self.server = ParameterServer(
                 ctx.optimizers, ctx.world_size, self._lr_scaling(), self.options.lookahead

@@ -36,3 +36,18 @@ def test_a_step_pushes_the_gradient_and_loads_the_servers_update_with_lr_times_s
     finally:
         mode.teardown()
     assert mode.client is None and mode.server is None
+
+
+def test_lookahead_true_without_momentum_is_refused_before_the_server_starts(group):
+    module = torch.nn.Linear(2, 1)
+    mode, _ = bound("async", [3], port=group, module=module, lookahead=True)
+    mode.ctx.optimizers = [torch.optim.SGD(module.parameters(), lr=0.1)]  # momentum 0
+    mode.setup_environment()
+    try:
+        # every rank checks its own optimizers, so no rank waits for a server that rank 0
+        # failed to build
+        with pytest.raises(ValueError, match="lookahead=True .* SGD has none"):
+            mode.on_train_start()
+        assert mode.server is None
+    finally:
+        mode.teardown()
