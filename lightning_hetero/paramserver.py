@@ -5,6 +5,9 @@ copy of each of the user's optimizers, and applies every pushed gradient as soon
 arrives, one push at a time, with the learning rate scaled by the pushing rank's batch
 share ``b_k / B`` (paper 002 Eq. 5b) for SGD; for adaptive optimizers by a factor between
 ``b_k / B`` and ``sqrt(b_k / B)`` set by the measured gradient noise (``NoiseScale``).
+With SGD and momentum a push returns the parameters moved ahead by the momentum of the
+updates expected before the rank's next push (``lookahead``), so each gradient is taken
+about where it will be applied.
 Workers reach it through ``torch.distributed.rpc`` (TensorPipe); rank 0's own worker calls
 it directly. RPC requests run on the RPC agent's threads, so the server keeps serving while
 rank 0's training loop is busy.
