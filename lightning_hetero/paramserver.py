@@ -75,11 +75,13 @@ class _RankCounters:
 
 @dataclass
 class _RankRecent:
-    """What the lookahead predicts from: a rank's recent staleness and learning-rate factor."""
+    """What the lookahead predicts from: one rank's recent pushes to one optimizer."""
 
-    #: Moving average of the other ranks' pushes between two of this rank's (its staleness),
-    #: from ``world_size - 1`` (every other rank pushes once, as with equal speeds).
-    staleness: float = 0.0
+    #: Moving average of the other ranks' pushes between two of this rank's, from
+    #: ``world_size - 1`` (every other rank pushes once, as with equal speeds).
+    between: float
+    #: The slot's push count right after this rank's last push (``None``: none yet).
+    after: int | None = None
     #: The learning-rate factor (batch share under the rule, times any update factor) of the
     #: rank's last push.
     factor: float | None = None
@@ -97,6 +99,9 @@ class _Slot:
     noise: NoiseScale | None = None
     #: Whether pushes get their parameters back moved ahead by the expected momentum.
     lookahead: bool = False
+    #: Pushes applied to this optimizer, and each rank's recent ones (for the lookahead).
+    pushes: int = 0
+    recent: list[_RankRecent] = field(default_factory=list)
 
 
 def _to_cpu(optimizer: Optimizer) -> None:
@@ -158,9 +163,11 @@ class ParameterServer:
                     f" {type(optimizer).__name__} has none of: use torch.optim.SGD with"
                     " momentum > 0, or lookahead='auto'."
                 )
-            self._slots.append(_Slot(clone, optimizer_params(clone), rule, noise, ahead))
+            recent = [_RankRecent(between=world_size - 1.0) for _ in range(world_size)]
+            self._slots.append(
+                _Slot(clone, optimizer_params(clone), rule, noise, ahead, recent=recent)
+            )
         self._counters = [_RankCounters() for _ in range(world_size)]
-        self._recent = [_RankRecent(staleness=world_size - 1.0) for _ in range(world_size)]
         #: Seconds spent applying the pushes of ranks other than 0. They run on the RPC agent's
         #: threads in rank 0's process, beside rank 0's own training: rank 0 leaves them out
         #: of its step times, which would otherwise make it look slower than it is.
@@ -228,9 +235,11 @@ class ParameterServer:
                 counters.updates += 1
                 counters.staleness_sum += staleness
                 counters.staleness_max = max(counters.staleness_max, staleness)
-            recent = self._recent[rank]
-            recent.factor = share
-            recent.staleness += _RECENT * (staleness - recent.staleness)
+            recent = slot.recent[rank]
+            if recent.after is not None:  # the other ranks' pushes since this rank's last
+                recent.between += _RECENT * (slot.pushes - recent.after - recent.between)
+            slot.pushes += 1
+            recent.after, recent.factor = slot.pushes, share
             params = [p.detach().clone() for p in slot.params]
             if slot.lookahead:
                 self._look_ahead(slot, rank, params)
@@ -241,17 +250,17 @@ class ParameterServer:
 
     def _look_ahead(self, slot: _Slot, rank: int, params: list[torch.Tensor]) -> None:
         """Move ``params`` (rank ``rank``'s copy, in place) by the momentum part of the
-        updates expected before its next push: as many as its recent staleness, each at the
-        other ranks' recent learning-rate factor (under the lock)."""
-        recent = self._recent[rank]
-        others = [r.factor for k, r in enumerate(self._recent) if k != rank and r.factor]
-        if not others or not recent.staleness:
+        updates expected before its next push: as many as the other ranks' pushes between
+        its recent ones, each at their last learning-rate factors' mean (under the lock)."""
+        between = slot.recent[rank].between
+        others = [r.factor for k, r in enumerate(slot.recent) if k != rank and r.factor]
+        if not others or not between:
             return  # nothing will be applied in between, or nothing is known yet
         factor = sum(others) / len(others)
         by_param = {id(p): i for i, p in enumerate(slot.params)}
         state = slot.optimizer.state
         for group in slot.optimizer.param_groups:
-            scale = lookahead_factor(group, recent.staleness) * float(group["lr"]) * factor
+            scale = lookahead_factor(group, between) * float(group["lr"]) * factor
             if scale == 0:
                 continue
             for param in group["params"]:

@@ -191,3 +191,22 @@ def test_optimizers_without_momentum_get_the_parameters_themselves():
         assert all(torch.equal(a, b) for a, b in zip(result.params, server.pull(0).params))
     with pytest.raises(ValueError, match="lookahead=True .* Adam has none"):
         ParameterServer([torch.optim.Adam(layer.parameters())], 2, lookahead=True)
+
+
+def test_with_two_optimizers_the_lookahead_counts_each_ones_own_pushes():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)
+    optimizers = [
+        torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9),
+        torch.optim.SGD(b.parameters(), lr=0.2, momentum=0.9),
+    ]
+    server = ParameterServer(optimizers, 2)
+    grads = [[torch.randn_like(p) for p in m.parameters()] for m in (a, b)]
+    for rank, index in [(1, 0), (1, 1), (0, 0), (0, 1)]:  # each rank steps both, in turn
+        server.push(rank, index, grads[index], 8, 16, [[0.1], [0.2]][index], 0)
+    # rank 1 again: one push of rank 0's to each optimizer since its last to that one (the
+    # server's version counts three); the momentum of that one push, at rank 0's 8 / 16
+    result = server.push(1, 0, grads[0], 8, 16, [0.1], 2)
+    state = server.optimizer_state(0)["state"]
+    for got, param, i in zip(result.params, server.pull(0).params, sorted(state)):
+        torch.testing.assert_close(got, param - 0.1 * 0.5 * 0.9 * state[i]["momentum_buffer"])
