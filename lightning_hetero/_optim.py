@@ -10,6 +10,7 @@ import torch
 __all__ = [
     "LR_SCALING",
     "NoiseScale",
+    "check_lookahead",
     "check_lr_scaling",
     "has_momentum",
     "is_adaptive",
@@ -85,6 +86,20 @@ def has_momentum(optimizer: torch.optim.Optimizer) -> bool:
     return isinstance(raw, torch.optim.SGD) and any(
         float(group.get("momentum", 0.0)) > 0 for group in raw.param_groups
     )
+
+
+def check_lookahead(lookahead: Any, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Refuse ``lookahead=True`` where some optimizer has no heavy-ball momentum to look
+    ahead by (``has_momentum``)."""
+    lacking = [
+        type(getattr(o, "_optimizer", o)).__name__ for o in optimizers if not has_momentum(o)
+    ]
+    if lookahead is True and lacking:
+        raise ValueError(
+            f"lookahead=True moves parameters ahead by heavy-ball momentum, which"
+            f" {', '.join(lacking)} has none of: use torch.optim.SGD with momentum > 0, or"
+            " lookahead='auto'."
+        )
 
 
 def lookahead_factor(group: Mapping[str, Any], updates: float) -> float:

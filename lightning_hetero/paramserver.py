@@ -31,6 +31,7 @@ from torch.optim import Optimizer
 
 from lightning_hetero._optim import (
     NoiseScale,
+    check_lookahead,
     has_momentum,
     lookahead_factor,
     lr_factor,
@@ -151,18 +152,13 @@ class ParameterServer:
         self.version = 0
         self._lock = threading.Lock()
         self._slots: list[_Slot] = []
+        check_lookahead(lookahead, optimizers)
         for optimizer in optimizers:
             clone = copy.deepcopy(optimizer)
             _to_cpu(clone)
             rule = lr_rule(lr_scaling, optimizer, measured=True)
             noise = NoiseScale() if rule == "noise" else None
-            ahead = lookahead is True or (lookahead == "auto" and has_momentum(clone))
-            if ahead and not has_momentum(clone):
-                raise ValueError(
-                    f"lookahead=True moves parameters ahead by heavy-ball momentum, which"
-                    f" {type(optimizer).__name__} has none of: use torch.optim.SGD with"
-                    " momentum > 0, or lookahead='auto'."
-                )
+            ahead = lookahead is not False and has_momentum(clone)
             recent = [_RankRecent(between=world_size - 1.0) for _ in range(world_size)]
             self._slots.append(
                 _Slot(clone, optimizer_params(clone), rule, noise, ahead, recent=recent)

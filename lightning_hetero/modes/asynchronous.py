@@ -7,8 +7,8 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from lightning_hetero._optim import (
+    check_lookahead,
     check_lr_scaling,
-    has_momentum,
     is_adaptive,
     optimizer_params,
     patched,
@@ -86,13 +86,7 @@ class ParameterServerMode(Mode):
 
     def on_train_start(self) -> None:
         ctx = self.ctx
-        lacking = [type(o).__name__ for o in ctx.optimizers if not has_momentum(o)]
-        if self.options.lookahead is True and lacking:  # on every rank: none waits for rank 0
-            raise ValueError(
-                f"lookahead=True moves parameters ahead by heavy-ball momentum, which"
-                f" {', '.join(lacking)} has none of: use torch.optim.SGD with momentum > 0,"
-                " or lookahead='auto'."
-            )
+        check_lookahead(self.options.lookahead, ctx.optimizers)  # every rank: none waits
         if ctx.rank == 0:
             self.server = ParameterServer(
                 ctx.optimizers, ctx.world_size, self._lr_scaling(), self.options.lookahead
