@@ -4,6 +4,7 @@ import pytest
 
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, proportional_split
 from tests.e2e.launch import run_training
+from tests.e2e.plans import distance, toward, within
 
 GLOBAL_BATCH = 4 * 32
 STEPS_PER_EPOCH = 12  # digits training split / 128
@@ -18,14 +19,8 @@ def _cost(level: str) -> list[float]:
     return [0.072 / cores for cores in HETEROGENEITY_LEVELS[level]]
 
 
-def _within(plan: list[int], level: str, tolerance: float) -> bool:
-    ideal = proportional_split(HETEROGENEITY_LEVELS[level], GLOBAL_BATCH)
-    return all(abs(got - want) <= tolerance * want for got, want in zip(plan, ideal))
-
-
-def _distance(plan: list[int], level: str) -> int:
-    ideal = proportional_split(HETEROGENEITY_LEVELS[level], GLOBAL_BATCH)
-    return sum(abs(got - want) for got, want in zip(plan, ideal))
+def _split(level: str) -> list[int]:
+    return proportional_split(HETEROGENEITY_LEVELS[level], GLOBAL_BATCH)
 
 
 @pytest.mark.parametrize(
@@ -62,16 +57,9 @@ def test_each_controller_moves_the_plan_toward_the_speed_proportional_split(
     plan, history = summary["batch_sizes"], summary["history"]
     assert history[0]["batch_sizes"] == [32] * 4 and sum(plan) == GLOBAL_BATCH
     assert all(sum(e["next_batch_sizes"]) == GLOBAL_BATCH for e in history)
-    assert _distance(plan, "HL4") <= _distance([32] * 4, "HL4") / 2, plan
+    assert distance(plan, _split("HL4")) <= distance([32] * 4, _split("HL4")) / 2, plan
     if tolerance is not None:
-        assert _within(plan, "HL4", tolerance), plan
-
-
-def _toward(plan: list[int], level: str) -> bool:
-    """``plan`` keeps the level's speed order (rank 3 fastest, rank 2 slowest) at no more than
-    half the uniform plan's distance from its split."""
-    ordered = plan[3] > max(plan[:2]) and min(plan[:2]) > plan[2]
-    return ordered and _distance(plan, level) <= _distance([32] * 4, level) / 2
+        assert within(plan, _split("HL4"), tolerance), plan
 
 
 # without the step-time check under `make test-slow` only (CI's time limit)
@@ -98,9 +86,9 @@ def test_speed_change_mid_epoch_is_absorbed_within_a_few_boundaries(tmp_path, re
     before = [e for e in history if e["step"] <= change_step]
     after = [e for e in history if e["step"] > change_step]
     trace = [(e["step"], e["next_batch_sizes"], e["reverted"]) for e in history]
-    assert any(_within(e["next_batch_sizes"], "HL4", 0.2) for e in before), trace
+    assert any(within(e["next_batch_sizes"], _split("HL4"), 0.2) for e in before), trace
     absorbed = next(
-        (i for i, e in enumerate(after) if _within(e["next_batch_sizes"], "HL8", 0.2)), None
+        (i for i, e in enumerate(after) if within(e["next_batch_sizes"], _split("HL8"), 0.2)), None
     )
     # How soon the change shows depends on how long the plan held before it: a rank's timing
     # is the median of the steps since the plan last changed, tested for a speed change every
@@ -111,7 +99,7 @@ def test_speed_change_mid_epoch_is_absorbed_within_a_few_boundaries(tmp_path, re
     assert absorbed is not None and absorbed < (12 if revert_slower else 10), trace
     # the final plan: HL8's order at half the uniform plan's distance from its split (the
     # check may undo the last move when the machine's load rose in its steps)
-    assert _toward(summary["batch_sizes"], "HL8"), trace
+    assert toward(summary["batch_sizes"], _split("HL8")), trace
 
 
 def test_auto_max_batch_size_probes_on_every_gloo_rank_and_bounds_the_plan(tmp_path):
@@ -135,4 +123,4 @@ def test_auto_max_batch_size_probes_on_every_gloo_rank_and_bounds_the_plan(tmp_p
     # move lands short of 20% when the real compute every rank pays alike is large (seen
     # under load: [28, 27, 20, 53]), so the plan is held to the speeds' order at half the
     # uniform plan's distance
-    assert _toward(summary["batch_sizes"], "HL4"), summary["history"]
+    assert toward(summary["batch_sizes"], _split("HL4")), summary["history"]

@@ -5,7 +5,8 @@ import torch
 
 from tests.e2e.fsdp_step import CLIP, PLAN, STEPS, dataset, initial_model
 from tests.e2e.launch import run_script, run_training
-from tests.e2e.test_controllers import _cost, _within
+from tests.e2e.plans import within
+from tests.e2e.test_controllers import _cost, _split
 
 
 def _expected(variant: str) -> dict[str, torch.Tensor]:
@@ -67,7 +68,9 @@ def test_the_plan_moves_toward_the_speed_proportional_split_and_reaches_it(tmp_p
     assert history[0]["batch_sizes"] == [32] * 4
     third = history[2]["next_batch_sizes"]
     assert third[3] > 32 > third[2], history[:3]  # the fast rank gains, the slow one gives
-    assert _within(summary["batch_sizes"], "HL4", 0.2), [e["next_batch_sizes"] for e in history]
+    assert within(summary["batch_sizes"], _split("HL4"), 0.2), [
+        e["next_batch_sizes"] for e in history
+    ]
     # the fastest rank computes least at the uniform plan and waits longest (were the waits
     # counted as compute, it would not compute least). The first boundary holds 2 steps, the
     # run's first among them, whose one-time costs fall on rank 0: the median of 2 steps is
