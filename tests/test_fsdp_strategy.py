@@ -22,6 +22,7 @@ def test_it_is_registered_as_hetero_fsdp_and_runs_the_sharded_mode():
         ({"mode": "async"}, ValueError, r"mode='bsp' only.*HeteroStrategy\(mode='async'\)"),
         ({"weighted": False}, TypeError, r"\['weighted'\].*HeteroStrategy's DDP modes"),
         ({"gamma": 0.5, "delta": 0}, TypeError, r"\['delta', 'gamma'\]"),
+        ({"lookahead": False}, TypeError, r"\['lookahead'\].*HeteroStrategy's DDP modes"),
         ({"shard_modules": [torch.nn.Linear]}, TypeError, "class names"),
         ({"controller": "dual"}, ValueError, "Dual batch size learning"),
         ({"adjust_every": 0}, ValueError, "adjust_every"),
