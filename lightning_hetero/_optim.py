@@ -91,10 +91,12 @@ def has_momentum(optimizer: torch.optim.Optimizer) -> bool:
 def check_lookahead(lookahead: Any, optimizers: Sequence[torch.optim.Optimizer]) -> None:
     """Refuse ``lookahead=True`` where some optimizer has no heavy-ball momentum to look
     ahead by (``has_momentum``)."""
+    if lookahead is not True:
+        return
     lacking = [
         type(getattr(o, "_optimizer", o)).__name__ for o in optimizers if not has_momentum(o)
     ]
-    if lookahead is True and lacking:
+    if lacking:
         raise ValueError(
             f"lookahead=True moves parameters ahead by heavy-ball momentum, which"
             f" {', '.join(lacking)} has none of: use torch.optim.SGD with momentum > 0, or"
