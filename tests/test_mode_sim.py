@@ -36,3 +36,5 @@ def test_digits_lookahead_changes_what_two_ranks_compute() -> None:
     assert with_lookahead != simulate_digits("async-plain", [1.0, 3.0], 0, epochs=1)
     with pytest.raises(ValueError, match="unknown digits rule 'local'"):
         simulate_digits("local", [1.0], 0)
+    with pytest.raises(ValueError, match=r"positive number, got \[1.0, 0.0\]"):
+        simulate_digits("async", [1.0, 0.0], 0)

@@ -238,6 +238,8 @@ def simulate_digits(
 
     if rule not in DIGITS_RULES:
         raise ValueError(f"unknown digits rule {rule!r}; expected one of {DIGITS_RULES}.")
+    if not costs or not all(math.isfinite(c) and c > 0 for c in costs):
+        raise ValueError(f"each rank's time per sample must be a positive number, got {costs}.")
     torch.manual_seed(seed)
     train, val = load_digits_tensors(seed)
     x, y = train.tensors
