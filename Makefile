@@ -47,8 +47,8 @@ $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_PY) -m pytest -m "not slow and not multinode and not e2e and not ray"
 
-# multi-process training runs: tests/e2e and Lightning's own FSDP2 tests (about 45 min on 2
-# idle cores); the 15 slowest are listed at the end, to see where the time goes
+# multi-process training runs: tests/e2e and Lightning's own FSDP2 tests (about 44 min on 2
+# cores); the 15 slowest are listed at the end, to see where the time goes
 test-e2e: $(STAMP)
 	$(PY) -m pytest -m "e2e and not slow" --durations=15
 
