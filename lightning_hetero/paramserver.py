@@ -253,16 +253,14 @@ class ParameterServer:
         if not others or not between:
             return  # nothing will be applied in between, or nothing is known yet
         factor = sum(others) / len(others)
-        by_param = {id(p): i for i, p in enumerate(slot.params)}
         state = slot.optimizer.state
+        copies = iter(params)  # slot.params' order: the groups' parameters, group by group
         for group in slot.optimizer.param_groups:
             scale = lookahead_factor(group, between) * float(group["lr"]) * factor
-            if scale == 0:
-                continue
-            for param in group["params"]:
+            for param, copied in zip(group["params"], copies):
                 buffer = state.get(param, {}).get("momentum_buffer")
-                if buffer is not None and id(param) in by_param:
-                    params[by_param[id(param)]].sub_(buffer, alpha=scale)
+                if scale and buffer is not None:
+                    copied.sub_(buffer, alpha=scale)
 
     @staticmethod
     def _share(

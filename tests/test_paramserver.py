@@ -210,3 +210,17 @@ def test_with_two_optimizers_the_lookahead_counts_each_ones_own_pushes():
     state = server.optimizer_state(0)["state"]
     for got, param, i in zip(result.params, server.pull(0).params, sorted(state)):
         torch.testing.assert_close(got, param - 0.1 * 0.5 * 0.9 * state[i]["momentum_buffer"])
+
+
+def test_each_parameter_group_looks_ahead_at_its_own_learning_rate():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 2)
+    groups = [{"params": [layer.weight], "lr": 0.1}, {"params": [layer.bias], "lr": 0.3}]
+    server = ParameterServer([torch.optim.SGD(groups, momentum=0.9)], 2)
+    grads = [torch.randn_like(p) for p in layer.parameters()]
+    server.push(1, 0, grads, 1, 2, [0.1, 0.3], 0)
+    result = server.push(0, 0, grads, 1, 2, [0.1, 0.3], 0)  # staleness 1, rank 1's share 1/2
+    for got, param, buffer, lr in zip(
+        result.params, server.pull(0).params, _buffers(server), [0.1, 0.3]
+    ):
+        torch.testing.assert_close(got, param - lr * 0.5 * 0.9 * buffer)
