@@ -139,13 +139,22 @@ class StepProbe:
         with preserved_state(module, optimizers), patched(module, quiet):
             yield step
 
-    def memory(self, total: int, sizes: Sequence[int] | None, safety: float) -> dict[str, Any]:
+    def memory(
+        self,
+        total: int,
+        sizes: Sequence[int] | None,
+        safety: float,
+        max_auto: bool | None = None,
+        micro_auto: bool = False,
+    ) -> dict[str, Any]:
         """``max_batch_size="auto"`` (or ``micro_batch_size="auto"``): each rank's memory
         bound, gathered from all ranks.
 
         ``total``: the global batch (the largest size worth probing); ``sizes``: the sizes
         to probe (default: a few doubling up to ``total``). With ``micro``, each probed step
         runs as two held micro-batches (see ``steps``) and the bound is a micro-batch's.
+        ``max_auto``/``micro_auto``: which of the two options the user set to ``"auto"``,
+        so that messages name that one (default: ``max_batch_size`` unless ``micro``).
         """
         ctx = self.context
         largest = min(total, len(self.loader.dataset))  # type: ignore[arg-type]
@@ -156,7 +165,10 @@ class StepProbe:
         # it), the host's memory on CPU
         share = budget_sharers(device, devices)
         held = self.micro is not None
-        option = "micro_batch_size='auto'" if held else "max_batch_size='auto'"
+        micro_auto = micro_auto or held
+        max_auto = not held if max_auto is None else max_auto
+        set_ = (("max_batch_size='auto'", max_auto), ("micro_batch_size='auto'", micro_auto))
+        option = " and ".join(name for name, on in set_ if on) or "max_batch_size='auto'"
         instead = "; set `max_batch_size` explicitly with manual optimization"
         error: PlanError | None = None
         with self.steps(option, instead, micro=held) as step:
@@ -174,7 +186,7 @@ class StepProbe:
         rows = ctx.comm.gather_rows([bound, *fit])
         bounds = [int(row[0]) for row in rows]
         if min(bounds) < 1:
-            self._refuse(option, bounds, error, held)
+            self._refuse(option, bounds, error, held, micro_auto)
         assert model is not None and result is not None
         found = {
             "max_batch_sizes": bounds,
@@ -190,7 +202,7 @@ class StepProbe:
                 f"{option}: the linear memory fit is off by up to"
                 f" {model.relative_error:.0%} on rank 0's probe {list(result.samples)}."
             )
-        what = "micro-batch" if held else "maximum batch"
+        what = "micro-batch" if micro_auto else "maximum batch"
         rank_zero_info(
             f"{option}: per-rank {what} sizes {bounds} (probed {result.tried}"
             f"{', each as two micro-batches held as in training' if held else ''})."
@@ -205,7 +217,9 @@ class StepProbe:
         return (False, True) if held else (True,)
 
     @staticmethod
-    def _refuse(option: str, bounds: list[int], error: PlanError | None, held: bool) -> None:
+    def _refuse(
+        option: str, bounds: list[int], error: PlanError | None, held: bool, micro_auto: bool
+    ) -> None:
         """Raise on every rank: the probe found no batch size that fits on some rank."""
         ranks = [rank for rank, bound in enumerate(bounds) if bound < 1]
         why = f" (this rank: {error})" if error is not None else ""
@@ -217,6 +231,8 @@ class StepProbe:
                 " it as one ordinary FSDP step), bound those ranks' shares with"
                 " `max_batch_size` and drop `micro_batch_size`, or shard over more ranks."
             )
+        elif micro_auto:
+            advice = " Give `micro_batch_size` as ints, or probe smaller `probe_batch_sizes`."
         else:
             advice = " Set `max_batch_size` explicitly, or probe smaller `probe_batch_sizes`."
         raise PlanError(

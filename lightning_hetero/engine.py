@@ -496,7 +496,13 @@ class HeteroEngine:
         state = self.plan_state
         if (state.max_batch_size == "auto" or micro_auto) and self.memory_probe is None:
             total = state.global_batch_size or (loader.batch_size or 1) * self.world_size
-            self.memory_probe = probe.memory(total, self.probe_batch_sizes, self.memory_safety)
+            self.memory_probe = probe.memory(
+                total,
+                self.probe_batch_sizes,
+                self.memory_safety,
+                max_auto=state.max_batch_size == "auto",
+                micro_auto=micro_auto,
+            )
         if state.max_batch_size == "auto":
             state.measured_max = self.memory_probe["max_batch_sizes"]
         if micro_auto:  # memory bounds the micro-batch, not the share

@@ -595,3 +595,58 @@ def test_the_probe_plans_an_mps_limited_client_for_its_whole_reported_budget(mon
     with pytest.raises(RuntimeError, match="stop here"):
         probe.memory(32, [4, 8], 0.9)
     assert seen["share"] == 4
+
+
+def _probe_that_finds(monkeypatch, bound, micro=None):
+    """A StepProbe whose probe finds ``bound`` on every one of two ranks; its messages kept."""
+    from lightning_hetero import _probes
+
+    model = SimpleNamespace(fixed_bytes=1.0, per_sample_bytes=2.0, relative_error=0.0)
+    result = SimpleNamespace(budget_bytes=100.0, samples=[(4, 9.0)], tried=[4, 8])
+
+    def fake_auto(step, sizes, device, safety, cap, share, agree):
+        if bound < 1:
+            raise _probes.PlanError("does not fit")
+        return bound, model, result
+
+    said = []
+    monkeypatch.setattr(_probes, "auto_max_batch_size", fake_auto)
+    monkeypatch.setattr(_probes, "rank_zero_info", said.append)
+    cpu = torch.device("cpu")
+    probe = _probes.StepProbe.__new__(_probes.StepProbe)
+    gather = lambda row: [list(row), list(row)]  # noqa: E731
+    probe.context = SimpleNamespace(
+        device=cpu, devices=[cpu] * 2, comm=SimpleNamespace(gather_rows=gather)
+    )
+    probe.loader = SimpleNamespace(dataset=range(100))
+    probe.agree = None
+    probe.micro = micro
+    monkeypatch.setattr(probe, "steps", lambda *a, **k: contextlib.nullcontext(None), raising=False)
+    return probe, said
+
+
+@pytest.mark.parametrize(
+    ("max_auto", "micro_auto", "named", "what"),
+    [
+        (True, False, "max_batch_size='auto': per-rank maximum batch", None),
+        (False, True, "micro_batch_size='auto': per-rank micro-batch", "max_batch_size"),
+        (True, True, "max_batch_size='auto' and micro_batch_size='auto': per-rank micro", None),
+    ],
+)
+def test_the_memory_probe_names_the_option_the_user_set(
+    monkeypatch, max_auto, micro_auto, named, what
+):
+    # issue 43: micro_batch_size="auto" printed "max_batch_size='auto': per-rank maximum
+    # batch sizes", an option the user had not set
+    probe, said = _probe_that_finds(monkeypatch, 8)
+    found = probe.memory(32, [4, 8], 0.9, max_auto=max_auto, micro_auto=micro_auto)
+    assert found["max_batch_sizes"] == [8, 8]
+    assert len(said) == 1 and said[0].startswith(named), said
+    if what is not None:
+        assert what not in said[0]
+
+
+def test_the_memory_probe_refusal_names_micro_batch_size_when_the_user_set_it(monkeypatch):
+    probe, _ = _probe_that_finds(monkeypatch, 0)
+    with pytest.raises(PlanError, match=r"^hetero: micro_batch_size='auto': .*`micro_batch_size`"):
+        probe.memory(32, [4, 8], 0.9, max_auto=False, micro_auto=True)
