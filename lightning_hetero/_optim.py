@@ -3,9 +3,11 @@
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
 __all__ = [
     "LR_SCALING",
@@ -188,6 +190,16 @@ def replica_factor(rule: str, batch_size: int, global_batch_size: int, replicas:
     return replicas * lr_factor(rule, batch_size / global_batch_size)
 
 
+@dataclass
+class _ParamWindow:
+    """One parameter's sums over the pushes of a window that had its gradient."""
+
+    total: torch.Tensor  # sum of b_k * g_k
+    squares: float = 0.0  # sum of b_k * |g_k|^2
+    samples: int = 0
+    pushes: int = 0
+
+
 class NoiseScale:
     """The learning-rate factor of the ``"noise"`` rule, from the gradients pushed so far.
 
@@ -230,44 +242,69 @@ class NoiseScale:
         #: ``None`` until the first window of ``B`` samples is full.
         self.signal: float | None = None
         self.noise: float | None = None
-        self._window: list[torch.Tensor] = []  # sum of b_k * g_k over the window's pushes
-        self._squares = 0.0  # sum of b_k * |g_k|^2
+        #: The window's sums per parameter (its index in ``grads``): see ``_ParamWindow``.
+        self._window: dict[int, _ParamWindow] = {}
         self._samples = 0
         self._pushes = 0
         self._global_batch_size = 0
+        self._warned = False
 
     def observe(
         self, grads: Sequence[torch.Tensor | None], batch_size: int, global_batch_size: int
     ) -> None:
         """Count a push of ``grads``, the mean gradients over ``batch_size`` samples (``None``
-        for parameters without one), out of a global batch of ``global_batch_size``."""
+        for parameters without one), out of a global batch of ``global_batch_size``.
+
+        ``grads[k]`` is always the same parameter's gradient (the optimizer's order): each
+        parameter's estimate counts the pushes that had its gradient, so gradients that come
+        and go (a branch unused in a step, parameters unfrozen mid-window) neither misalign
+        nor mix. A push with a non-finite gradient is skipped (one warning): the factor
+        stays finite."""
         if global_batch_size != self._global_batch_size:  # a new B: a new window
             self._reset_window()
             self._global_batch_size = global_batch_size
-        present = [g.detach().float() for g in grads if g is not None]
-        if not self._window:
-            self._window = [g * batch_size for g in present]
-        else:
-            for total, grad in zip(self._window, present):
-                total.add_(grad, alpha=batch_size)
-        self._squares += batch_size * sum(float(g.square().sum()) for g in present)
+        present = {k: g.detach().float() for k, g in enumerate(grads) if g is not None}
+        if not all(bool(torch.isfinite(g).all()) for g in present.values()):
+            if not self._warned:
+                self._warned = True
+                rank_zero_warn(
+                    'hetero: a pushed gradient is not finite (inf or NaN); the "noise"'
+                    " learning-rate rule skips such pushes in its measurement (warned once)."
+                )
+            return
+        for k, grad in present.items():
+            window = self._window.get(k)
+            if window is None:
+                self._window[k] = window = _ParamWindow(torch.zeros_like(grad))
+            window.total.add_(grad, alpha=batch_size)
+            window.squares += batch_size * float(grad.square().sum())
+            window.samples += batch_size
+            window.pushes += 1
         self._samples += batch_size
         self._pushes += 1
         if self._samples >= global_batch_size and self._pushes >= 2:
-            n = self._samples
-            mean_sq = sum(float(t.square().sum()) for t in self._window) / n**2
-            # E[sum b_k |g_k|^2] = n |G|^2 + pushes * tr(Sigma); E[|mean|^2] = |G|^2 + tr/n
-            noise = (self._squares - n * mean_sq) / (self._pushes - 1)
-            signal = mean_sq - noise / n
-            if self.signal is None or self.noise is None:
-                self.signal, self.noise = signal, noise
-            else:
-                self.signal = self.decay * self.signal + (1 - self.decay) * signal
-                self.noise = self.decay * self.noise + (1 - self.decay) * noise
+            signal = noise = 0.0
+            measured = False
+            for window in self._window.values():
+                if window.pushes < 2:
+                    continue  # one push of this parameter: no spread to measure
+                n = window.samples
+                mean_sq = float(window.total.square().sum()) / n**2
+                # E[sum b_k |g_k|^2] = n |G|^2 + pushes * tr(Sigma); E[|mean|^2] = |G|^2 + tr/n
+                param_noise = (window.squares - n * mean_sq) / (window.pushes - 1)
+                noise += param_noise
+                signal += mean_sq - param_noise / n
+                measured = True
+            if measured and math.isfinite(signal) and math.isfinite(noise):
+                if self.signal is None or self.noise is None:
+                    self.signal, self.noise = signal, noise
+                else:
+                    self.signal = self.decay * self.signal + (1 - self.decay) * signal
+                    self.noise = self.decay * self.noise + (1 - self.decay) * noise
             self._reset_window()
 
     def _reset_window(self) -> None:
-        self._window, self._squares, self._samples, self._pushes = [], 0.0, 0, 0
+        self._window, self._samples, self._pushes = {}, 0, 0
 
     def factor(self, share: float) -> float:
         """The learning-rate factor of a push of ``share = b / B`` of the global batch."""

@@ -180,6 +180,51 @@ def test_the_noise_rule_starts_a_new_window_when_the_global_batch_changes():
         NoiseScale(decay=1.0)
 
 
+def test_the_noise_rule_keys_gradients_by_parameter_when_they_come_and_go():
+    # issue 40, failure 5: a push whose None set differs from the window's first push raised
+    # a shape mismatch (or summed one parameter's gradient into another's)
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(5))
+    server = ParameterServer([torch.optim.Adam([a, b], lr=1e-3)], world_size=2)
+    server.push(0, 0, [torch.ones(3), torch.ones(5)], 8, 32, [1e-3], 0)
+    server.push(1, 0, [None, torch.ones(5)], 8, 32, [1e-3], 0)
+    # same shapes, alternating: each parameter's estimate sees only its own gradients
+    keyed, alone = NoiseScale(), NoiseScale()
+    for _ in range(8):
+        keyed.observe([torch.ones(4), None], 8, 32)
+        keyed.observe([None, torch.full((4,), 3.0)], 8, 32)
+        alone.observe([torch.ones(4)], 8, 32)
+        alone.observe([torch.full((4,), 3.0)], 8, 32)
+    assert keyed.noise == pytest.approx(0.0, abs=1e-9)  # each parameter's pushes agree
+    assert keyed.signal == pytest.approx(4.0 + 36.0)
+    assert alone.noise is not None and alone.noise > 0  # mixed into one: looks like noise
+
+
+def test_the_noise_rule_counts_a_parameter_unfrozen_mid_window():
+    rule = NoiseScale()
+    rule.observe([torch.ones(2), None], 8, 32)
+    rule.observe([torch.ones(2), torch.ones(6)], 8, 32)  # the second parameter joins
+    rule.observe([torch.ones(2), torch.ones(6)], 8, 32)
+    rule.observe([torch.ones(2), torch.ones(6)], 8, 32)
+    assert rule.signal == pytest.approx(2.0 + 6.0)
+    assert rule.noise == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_noise_rule_skips_a_non_finite_gradient_with_one_warning():
+    rule = NoiseScale()
+    with pytest.warns(UserWarning, match="not finite") as record:
+        for bad in (math.inf, math.nan):
+            rule.observe([torch.tensor([1.0, bad])], 8, 32)
+    assert len([w for w in record if "not finite" in str(w.message)]) == 1
+    for _ in range(4):
+        rule.observe([torch.ones(2)], 8, 32)
+    assert rule.signal == pytest.approx(2.0)
+    assert math.isfinite(rule.factor(0.25))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rule.observe([torch.tensor([math.nan, 1.0])], 8, 32)  # warned once already
+    assert math.isfinite(rule.factor(0.25))
+
+
 def _round_trip(lr_scaling: str, rounds: int) -> float:
     """How far the server's Adam moves the parameters in the last of ``rounds`` rounds of 4
     pushes of the same gradient (4 ranks in agreement), in units of one DDP Adam step."""
