@@ -46,8 +46,10 @@ from lightning_hetero.emulate import Throttle
 from lightning_hetero.microbatch import (
     check_micro_batch_size,
     converted_accumulation,
+    local_metric_syncs,
     micro_bounds,
     micro_sizes,
+    note_collective_in_micro_batch,
     per_step_count,
     split_batch,
     step_loss,
@@ -165,6 +167,9 @@ class HeteroEngine:
         self._micro_rest: list[tuple[Any, int, tuple[Any, ...], dict[str, Any]]] = []
         # the step's whole batch and share, put back once its micro-batches ran
         self._micro_whole: tuple[Any, tuple[int, int]] | None = None
+        # a micro-batch before this rank's last of the step runs (its training step and its
+        # backward): step-level syncs stay local, as the ranks run different counts of them
+        self._micro_local = False
         #: The run the re-planner, the mode and the probes work in (made at set-up).
         self.context: RunContext | None = None
         self._optimizers_ready = False  # set-up has built the optimizers
@@ -399,11 +404,22 @@ class HeteroEngine:
             refuse_step_counting(trainer, self.training_mode.option_text())
         if not self.training_mode.steps_together:
             check_own_sigterm_only(trainer)  # a per-step broadcast would tie the ranks again
-        if self.micro_batch_size is not None:
+        if self.micro_batch_size is not None or state.accumulation > 1:
             self._check_micro_batching(trainer)
 
     def _check_micro_batching(self, trainer: "pl.Trainer") -> None:
         """Refuse what micro-batches cannot run exactly (at set-up, before any step)."""
+        if self._layer_sync is not None:
+            # SyncBatchNorm all-reduces in every forward: once per micro-batch, whose counts
+            # differ between ranks
+            raise ValueError(
+                f"{type(self).__name__} runs each rank's share of a step as its own number of"
+                " micro-batches (`micro_batch_size`, or the Trainer's `accumulate_grad_batches`"
+                " taken over), and SyncBatchNorm (`sync_batchnorm=True`) communicates in every"
+                " forward, so the ranks' collectives would not pair. Remove `sync_batchnorm`"
+                " (each rank's BatchNorm then normalizes its own micro-batch), or train without"
+                " micro-batches (`accumulate_grad_batches=1`, no `micro_batch_size`)."
+            )
         if not self.lightning_module.automatic_optimization:
             raise ValueError(
                 f"`micro_batch_size` runs a rank's share of each step as micro-batches inside"
@@ -625,8 +641,10 @@ class HeteroEngine:
         assert self._micro_whole is not None
         self.training_mode.share = (samples, self._micro_whole[1][1])
         self.micro_batch_samples = samples
-        set_logged_batch(self.lightning_module.trainer, batch)  # self.log weighs its samples
-        with self._micro_forward(last):
+        module = self.lightning_module
+        set_logged_batch(module.trainer, batch)  # self.log weighs its samples
+        self._micro_local = not last  # until the next micro-batch starts (backward too)
+        with self._micro_forward(last), local_metric_syncs(module, not last):
             return self._training_step(batch, *other, **kwargs)
 
     def _rest_after(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
@@ -646,8 +664,10 @@ class HeteroEngine:
                         output = self._micro_step(batch, samples, other, kwargs, last=last)
                     with running_hook(module, "backward"):
                         self.backward(step_loss(output), optimizer)
-            except BaseException:
+            except BaseException as error:
+                self._micro_local = False
                 self._micro_failed()
+                note_collective_in_micro_batch(error)
                 raise
             # as the step's start left them: its share, and the whole batch for logging
             whole, self.training_mode.share = self._micro_whole
@@ -682,12 +702,21 @@ class HeteroEngine:
         which Lightning computes as a synced sum over a synced sample count, validation,
         test) it is DDP's, except that the mean of an integer tensor is a ``float64`` tensor
         (DDP's truncates it to an integer). A reduction during a step counts as waiting, not
-        compute.
+        compute. With micro-batches, a reduction in a micro-batch before this rank's last of
+        the step (its ``training_step`` or backward hooks) returns the rank's own value: ranks
+        run different numbers of micro-batches, and each syncs in its last one (the value DDP
+        logs on a step: its last accumulated batch's, synced), so every rank issues the same
+        collectives per optimizer step.
         """
         if not isinstance(tensor, torch.Tensor):
             return tensor
         if self.context is None:  # a bare strategy, never set up: DDP's reduction
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
+        if self._micro_local and in_training_batch(self.lightning_module):
+            # a micro-batch before this rank's last: ranks run different numbers of them, so
+            # the step's values are synced in each rank's last micro-batch only (what DDP
+            # logs on a step is its last accumulated batch's value, synced)
+            return tensor
         with self.timer.waiting():
             weigh = is_mean(reduce_op) and tensor.is_floating_point() and self.comm.distributed
             if weigh and in_training_batch(self.lightning_module):

@@ -10,7 +10,8 @@ optimizer step whatever its number of micro-batches. Torch mechanisms only: no c
 """
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -21,8 +22,10 @@ from lightning_hetero.planning.split import is_count
 __all__ = [
     "check_micro_batch_size",
     "converted_accumulation",
+    "local_metric_syncs",
     "micro_bounds",
     "micro_sizes",
+    "note_collective_in_micro_batch",
     "per_step_count",
     "split_batch",
     "step_loss",
@@ -202,3 +205,42 @@ def step_loss(output: Any) -> torch.Tensor:
             f" the loss (a tensor, or a dict with 'loss'), got {type(output).__name__}."
         )
     return loss
+
+
+@contextmanager
+def local_metric_syncs(module: torch.nn.Module, local: bool) -> Iterator[None]:
+    """With ``local``, the module's torchmetrics metrics that sync on every step
+    (``dist_sync_on_step=True``) compute this micro-batch's value on this rank alone.
+
+    Ranks run different numbers of micro-batches per step, so a sync in each would pair
+    with nothing on the others; each rank syncs in its last micro-batch only (as
+    ``HeteroEngine.reduce`` does for logged values), one sync per optimizer step everywhere.
+    """
+    metrics = local and [m for m in module.modules() if getattr(m, "dist_sync_on_step", 0) is True]
+    if not metrics:
+        yield
+        return
+    for metric in metrics:
+        metric.dist_sync_on_step = False
+    try:
+        yield
+    finally:
+        for metric in metrics:
+            metric.dist_sync_on_step = True
+
+
+def note_collective_in_micro_batch(error: BaseException) -> None:
+    """Say, on a collective's error in a micro-batched step, what runs a different number of
+    times on each rank (a user's own collective in ``training_step`` or a backward hook)."""
+    text = str(error).lower()
+    if isinstance(error, RuntimeError) and any(
+        word in text for word in ("collective", "gloo", "nccl", "timed out", "timeout")
+    ):
+        error.add_note(
+            "hetero: this collective ran inside a micro-batched step, where each rank runs"
+            " `training_step` (and the backward hooks) once per micro-batch, a different number"
+            " of times. `self.log(..., sync_dist=True)`, the strategy's `reduce` and torchmetrics'"
+            " `dist_sync_on_step` sync once per optimizer step; move any other collective"
+            " (`torch.distributed.all_reduce`, `self.all_gather`) to `on_train_batch_end`, or"
+            " leave `micro_batch_size` unset and `accumulate_grad_batches=1`."
+        )
