@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -415,9 +416,15 @@ class ServerClient:
         )
         global _RPC_UP
         try:
-            rpc.init_rpc(
-                worker_name(rank), rank=rank, world_size=world_size, rpc_backend_options=options
-            )
+            with warnings.catch_warnings():
+                # torch's TensorPipe agent gathers the workers' device maps over a gloo
+                # backend of its own, which its `all_gather_object` then calls deprecated
+                # ("You are using a Backend ... as a ProcessGroup"): torch's internals, not
+                # something a caller can change; once per rank on every async run
+                warnings.filterwarnings("ignore", "You are using a Backend", UserWarning)
+                rpc.init_rpc(
+                    worker_name(rank), rank=rank, world_size=world_size, rpc_backend_options=options
+                )
         except RuntimeError as err:
             add_note(
                 err,

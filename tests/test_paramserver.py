@@ -224,3 +224,28 @@ def test_each_parameter_group_looks_ahead_at_its_own_learning_rate():
         result.params, server.pull(0).params, _buffers(server), [0.1, 0.3]
     ):
         torch.testing.assert_close(got, param - lr * 0.5 * 0.9 * buffer)
+
+
+def test_joining_the_rpc_group_warns_nothing(monkeypatch):
+    # issue 43: torch's TensorPipe agent gathers device maps over a backend of its own, which
+    # torch then calls deprecated ("You are using a Backend ... as a ProcessGroup"), once per
+    # rank on every async run; the join keeps that to itself
+    import warnings
+
+    import torch.distributed as dist
+
+    from lightning_hetero.paramserver import RPC_PORT_ENV, ServerClient, free_port
+
+    port = free_port("127.0.0.1")
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}", rank=0, world_size=1
+    )
+    monkeypatch.setenv(RPC_PORT_ENV, str(port))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ServerClient.init_rpc(0, 1, "127.0.0.1", timeout=30.0, main_port=port - 1)
+        assert [str(w.message) for w in caught] == []
+    finally:
+        ServerClient.shutdown(graceful=True)
+        dist.destroy_process_group()
