@@ -13,6 +13,7 @@ from lightning_hetero import _namespaces
 from lightning_hetero.callback import HeteroCallback
 from lightning_hetero.fsdp import HeteroFSDPStrategy
 from lightning_hetero.progressive import ProgressiveSchedule, Stage, SubStage
+from lightning_hetero.straggler import StragglerReport
 from lightning_hetero.strategy import HeteroStrategy
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "HeteroStrategy",
     "ProgressiveSchedule",
     "Stage",
+    "StragglerReport",
     "SubStage",
     "__version__",
 ]

@@ -45,6 +45,7 @@ TWINNED = (
     "engine",
     "fsdp",
     "progressive",
+    "straggler",
     "strategy",
 )
 

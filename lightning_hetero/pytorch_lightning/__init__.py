@@ -39,6 +39,7 @@ from lightning_hetero.pytorch_lightning.progressive import (  # noqa: E402
     Stage,
     SubStage,
 )
+from lightning_hetero.pytorch_lightning.straggler import StragglerReport  # noqa: E402
 from lightning_hetero.pytorch_lightning.strategy import HeteroStrategy  # noqa: E402
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "HeteroStrategy",
     "ProgressiveSchedule",
     "Stage",
+    "StragglerReport",
     "SubStage",
     "__version__",
 ]
