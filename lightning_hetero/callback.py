@@ -8,9 +8,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning_utilities.core.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_hetero._lightning import logging_step, logs_step_metrics, settle_logged_metrics
+from lightning_hetero._logged_means import per_batch_means_message
 from lightning_hetero.planning.split import is_count
 from lightning_hetero.replan import Replanner
 
@@ -108,6 +110,7 @@ class HeteroCallback(Callback):
         self._started = False  # this fit's `on_fit_start` ran
         self._epoch_end = False  # in `on_train_epoch_end`: Lightning logs there one step lower
         self._pending: dict[str, float] | None = None  # a record not logged yet (see `_log`)
+        self._means_said = False  # this fit told about per-batch means (`_say_per_batch_means`)
 
     @property
     @override
@@ -131,6 +134,7 @@ class HeteroCallback(Callback):
         replanner.start()
         self._replanner, self._started = replanner, True
         self._pending = None
+        self._means_said = False
         replanner.on_record = lambda entry: self._log(trainer, entry)
         if self._restored is not None:
             state, self._restored = self._restored, None
@@ -144,6 +148,7 @@ class HeteroCallback(Callback):
     @override
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         self._replanner_of(trainer).epoch_started()
+        self._say_per_batch_means(trainer, getattr(trainer.strategy, "batch_sizes", None))
 
     @override
     def on_train_batch_end(
@@ -170,7 +175,19 @@ class HeteroCallback(Callback):
             self._epoch_end = False
 
     # ---------------------------------------------------------------- logging
+    def _say_per_batch_means(self, trainer: "pl.Trainer", plan: list[int] | None) -> None:
+        """Once per fit, when ``plan`` first gives the ranks unequal batches: warn about the
+        module's logged per-batch means (torchmetrics ``MeanMetric`` fed without a weight),
+        which then differ from DDP's values (``lightning_hetero._logged_means``)."""
+        if self._means_said or not plan or len(set(plan)) < 2:
+            return
+        self._means_said = True
+        message = per_batch_means_message(trainer.lightning_module, list(plan))
+        if message is not None:
+            rank_zero_warn(message)
+
     def _log(self, trainer: "pl.Trainer", entry: dict[str, Any]) -> None:
+        self._say_per_batch_means(trainer, entry.get("next_batch_sizes"))
         metrics = self._metrics(trainer, entry)
         # monitorable by ModelCheckpoint, EarlyStopping, ... like anything `self.log` logs
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
@@ -181,6 +198,9 @@ class HeteroCallback(Callback):
             self._pending = metrics
 
     def _send(self, trainer: "pl.Trainer", metrics: dict[str, float], step: int) -> None:
+        # with the epoch, as Lightning's own rows: a CSV row without it drops out of a
+        # `groupby("epoch")`
+        metrics = {**metrics, "epoch": trainer.current_epoch}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         if not self._layout_added:  # with the first metrics: it charts only what is logged

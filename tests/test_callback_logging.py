@@ -4,6 +4,7 @@ import csv
 from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
@@ -83,3 +84,18 @@ def test_boundaries_every_batch_are_logged_with_every_row_lightning_logs(tmp_pat
     assert len(strategy.history) == 8
     for steps in (csv_steps, tb_steps):
         assert steps["hetero/balance"] == steps["train_loss_step"] == [1, 3, 5, 7]
+
+
+def _csv_epochs(log_dir: str, name: str) -> list[tuple[int, str]]:
+    """(step, epoch) of each CSV row that has ``name``."""
+    with open(Path(log_dir) / "metrics.csv") as f:
+        return [(int(row["step"]), row["epoch"]) for row in csv.DictReader(f) if row[name]]
+
+
+@pytest.mark.parametrize(("adjust_every", "epochs_seen"), [("epoch", [0, 1]), (2, [0, 0, 1, 1])])
+def test_csv_rows_of_boundaries_carry_their_epoch(tmp_path, adjust_every, epochs_seen):
+    # issue 43: the rows had the step but an empty `epoch`, which a groupby("epoch") drops
+    strategy, _, _ = _fit(tmp_path, adjust_every, 2, batches=4, epochs=2)
+    log_dir = strategy.lightning_module.trainer.loggers[0].log_dir
+    rows = _csv_epochs(log_dir, "hetero/balance")
+    assert [int(float(epoch)) for _, epoch in rows] == epochs_seen, rows
