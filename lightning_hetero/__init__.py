@@ -3,7 +3,8 @@
 Importing the package registers ``Trainer(strategy="hetero")`` (and the class paths
 ``lightning_hetero.HeteroStrategy`` etc., for LightningCLI's bare ``--trainer.strategy=...``) in
 ``lightning.pytorch``'s strategy registry and, when ``pytorch_lightning`` is installed, in
-``pytorch_lightning``'s (see ``lightning_hetero.pytorch_lightning``).
+``pytorch_lightning``'s (see ``lightning_hetero.pytorch_lightning``) once the program imports
+it: importing the package does not import ``pytorch_lightning``.
 """
 
 from lightning.pytorch.strategies import StrategyRegistry
@@ -30,7 +31,8 @@ __version__ = "0.1.0"
 
 _namespaces.register_strategy(StrategyRegistry, HeteroStrategy)
 _namespaces.register_strategy(StrategyRegistry, HeteroFSDPStrategy)
-if RequirementCache(_namespaces.PYTORCH_LIGHTNING_REQUIREMENT, "pytorch_lightning"):
-    # by name (building the twins of lightning_hetero.pytorch_lightning, loaded only then); an
-    # object of this package given to pl.Trainer is refused, with the import to use
-    _namespaces.register_in_pytorch_lightning([HeteroStrategy, HeteroFSDPStrategy])
+if RequirementCache(_namespaces.PYTORCH_LIGHTNING_REQUIREMENT):  # metadata: no import
+    # by name (building the twins of lightning_hetero.pytorch_lightning, loaded only then), when
+    # the program imports pytorch_lightning; an object of this package given to pl.Trainer is
+    # refused, with the import to use
+    _namespaces.register_when_imported([HeteroStrategy, HeteroFSDPStrategy])

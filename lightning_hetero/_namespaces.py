@@ -12,7 +12,9 @@ Trainer, and vice versa. Lightning itself produces ``pytorch_lightning`` from
   ``_comm``, ...) are shared by both copies.
 - Registration. ``import lightning_hetero`` registers ``"hetero"`` (and the class paths, for
   LightningCLI) in both copies' strategy registries; ``pytorch_lightning``'s entries build the
-  twin, whose modules load only then.
+  twin, whose modules load only then. The import does not import ``pytorch_lightning`` (whose
+  import takes over Lightning's shared rank-zero logger): its entries are registered when
+  the program imports it (``register_when_imported``), or at once where it already has.
 - One copy per object. An object goes to its own copy's Trainer only; given to the other
   copy's, it raises an error that names the import to use (``SameCopy``). The Trainer's
   accelerator connector checks that a strategy object is a ``Strategy`` of its copy (met by
@@ -25,7 +27,13 @@ copies.
 """
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import re
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 PACKAGE = "lightning_hetero"
@@ -222,6 +230,61 @@ def register_in_pytorch_lightning(strategies: list[type]) -> None:
     for cls in strategies:
         register_strategy(registry, cls, factory=_BuildTwin(cls))
         accept_in(PYTORCH_LIGHTNING, cls)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then`` once the top-level module ``name`` has been imported (its ``__init__``
+    run to the end), then leaves ``sys.meta_path``."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # the other finders find it; this one fires once
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenLoader(spec.loader, self.then)
+        return spec
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """``loader``, calling ``then`` after it has executed the module."""
+
+    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+        self._loader, self._then = loader, then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self._loader  # the module keeps its own loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        self._then()
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
+        return getattr(self._loader, name)
+
+
+def register_when_imported(strategies: list[type]) -> None:
+    """``register_in_pytorch_lightning(strategies)`` now where ``pytorch_lightning`` is
+    imported, else once the program imports it: importing ``lightning_hetero`` imports no
+    copy of Lightning the program did not (``pytorch_lightning``'s import sets its own logger
+    as the rank-zero logger ``lightning.pytorch`` shares)."""
+    if PYTORCH_LIGHTNING in sys.modules:
+        register_in_pytorch_lightning(strategies)
+        return
+    if not any(
+        isinstance(finder, _AfterImport) and finder.name == PYTORCH_LIGHTNING
+        for finder in sys.meta_path
+    ):
+        then = lambda: register_in_pytorch_lightning(strategies)  # noqa: E731
+        sys.meta_path.insert(0, _AfterImport(PYTORCH_LIGHTNING, then))
 
 
 def strategy_aliases(cls: type) -> list[str]:

@@ -6,8 +6,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from typing_extensions import override
 
@@ -15,6 +15,7 @@ from lightning_hetero._lightning import logging_step, logs_step_metrics, settle_
 from lightning_hetero._logged_means import per_batch_means_message
 from lightning_hetero.planning.split import is_count
 from lightning_hetero.replan import Replanner
+from lightning_hetero.summary import fit_summary, summary_line, summary_metrics, summary_table
 
 __all__ = ["HeteroCallback"]
 
@@ -110,6 +111,8 @@ class HeteroCallback(Callback):
         self._started = False  # this fit's `on_fit_start` ran
         self._epoch_end = False  # in `on_train_epoch_end`: Lightning logs there one step lower
         self._pending: dict[str, float] | None = None  # a record not logged yet (see `_log`)
+        #: The last fit's summary (``lightning_hetero.summary.fit_summary``), on every rank.
+        self.summary: dict[str, Any] | None = None
         self._means_said = False  # this fit told about per-batch means (`_say_per_batch_means`)
 
     @property
@@ -144,6 +147,23 @@ class HeteroCallback(Callback):
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         self._started = False
+
+    @override
+    def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """Say in one line (rank 0) and log what the re-planner did (``summary``)."""
+        replanner = self._replanner
+        if replanner is None or not self._started or not replanner.history:
+            return
+        history = replanner.history
+        plan = list(getattr(trainer.strategy, "batch_sizes", None) or history[-1]["batch_sizes"])
+        csv = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
+        where = csv.experiment.metrics_file_path if csv is not None else None
+        self.summary = fit_summary(history, plan, where)
+        rank_zero_info(summary_line(self.summary))
+        self._send(trainer, summary_metrics(self.summary), logging_step(trainer))
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text("hetero/summary", summary_table(self.summary))
 
     @override
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "chunk_sizes_of",
     "reads_by_index",
     "set_rank_variables",
+    "unset_rank_variables",
 ]
 
 
@@ -63,6 +64,14 @@ def set_rank_variables(
     missing = {name: str(value) for name, value in wanted.items() if name not in os.environ}
     os.environ.update(missing)
     return missing
+
+
+def unset_rank_variables(added: dict[str, str]) -> None:
+    """Remove what ``set_rank_variables`` returned (``added``) from the environment again,
+    where a variable still holds the value it set (the strategies' teardown)."""
+    for name, value in added.items():
+        if os.environ.get(name) == value:
+            del os.environ[name]
 
 
 def chunk_sizes_of(dataset: object) -> list[int] | None:

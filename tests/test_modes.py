@@ -120,14 +120,14 @@ class _Regression(pl.LightningModule):
 def test_the_mode_trains_through_a_real_trainer(case, tmp_path) -> None:
     strategy_class, name, kind = case
     strategy = strategy_class(mode=name, controller=None if kind is None else kind())
-    recorder = _Recorder()
+    recorder, hetero = _Recorder(), HeteroCallback()  # the one the strategy adds is removed
     trainer = pl.Trainer(
         strategy=strategy,
         accelerator="cpu",
         devices=1,
         max_epochs=2,
         default_root_dir=tmp_path,
-        callbacks=[recorder],
+        callbacks=[recorder, hetero],
     )
     trainer.fit(_Regression())
     mode = strategy.training_mode
@@ -139,7 +139,6 @@ def test_the_mode_trains_through_a_real_trainer(case, tmp_path) -> None:
     last = strategy.history[-1]
     assert last["batch_sizes"] == strategy.batch_sizes == [8]
     assert math.isfinite(last["compute_times"][0]) and last["compute_times"][0] > 0
-    callback = next(cb for cb in trainer.callbacks if isinstance(cb, HeteroCallback))
-    state = callback.state_dict()
+    state = hetero.state_dict()
     assert state["batch_sizes"] == [8] and state["history"] == strategy.history
     assert getattr(mode, "server", None) is None  # teardown released what the mode brought up

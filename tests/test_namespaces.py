@@ -139,15 +139,37 @@ def test_hetero_is_registered_in_both_registries() -> None:
     )
 
 
-def test_import_loads_the_twins_only_when_used() -> None:
-    code = (
-        "import sys, lightning_hetero, pytorch_lightning as pl;"
-        "assert 'hetero' in pl.strategies.StrategyRegistry;"
-        "assert 'lightning_hetero.pytorch_lightning.strategy' not in sys.modules;"
-        "s = pl.strategies.StrategyRegistry.get('hetero');"
-        "assert type(s).__module__ == 'lightning_hetero.pytorch_lightning.strategy'"
+_IMPORT_CHANGES_NOTHING = """
+import logging, sys
+import lightning.pytorch
+import lightning_utilities.core.rank_zero as rank_zero
+before = (rank_zero.log, rank_zero.rank_zero_deprecation_category)
+import lightning_hetero
+assert "pytorch_lightning" not in sys.modules  # its import takes over the rank-zero logger
+assert (rank_zero.log, rank_zero.rank_zero_deprecation_category) == before
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+assert not rank_zero.log.isEnabledFor(logging.INFO)  # the user's level quiets Lightning
+"""
+
+
+@pytest.mark.parametrize("order", ["package first", "pytorch_lightning first"])
+def test_import_loads_the_twins_only_when_used(order: str) -> None:
+    # issue 40, failure 8: importing the package imports no pytorch_lightning and leaves
+    # Lightning's logging as it was; the twins are registered when the program imports it
+    code = _IMPORT_CHANGES_NOTHING if order == "package first" else "import lightning_hetero\n"
+    if order != "package first":
+        code = "import pytorch_lightning\n" + code
+    code += (
+        "import pytorch_lightning as pl\n"
+        "assert 'hetero' in pl.strategies.StrategyRegistry\n"
+        "assert 'lightning_hetero.pytorch_lightning.strategy' not in sys.modules\n"
+        "s = pl.strategies.StrategyRegistry.get('hetero')\n"
+        "assert type(s).__module__ == 'lightning_hetero.pytorch_lightning.strategy'\n"
+        "assert pl.__spec__.loader is pl.__loader__\n"
+        "t = pl.Trainer(strategy='hetero', accelerator='cpu', devices=2, logger=False)\n"
+        "assert type(t.strategy).__module__ == 'lightning_hetero.pytorch_lightning.strategy'\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", "import sys\n" + code], check=True, timeout=120)
 
 
 # ---------------------------------------------------------------- one copy per object

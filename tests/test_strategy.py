@@ -284,6 +284,21 @@ def test_callback_is_attached_once_and_user_instance_is_kept():
     assert attached == [mine]
 
 
+def test_the_callback_the_strategy_adds_is_removed_after_fit():
+    # issue 40, failure 8: teardown leaves the Trainer's callbacks as it found them
+    during = []
+
+    class Look(pl.Callback):
+        def on_train_end(self, trainer, pl_module):
+            during.extend(type(cb).__name__ for cb in trainer.callbacks)
+
+    look = Look()
+    trainer = _fit(lambda: DataLoader(RandomDataset(32, 16), batch_size=4), callbacks=[look])
+    assert "HeteroCallback" in during
+    assert not any(isinstance(cb, HeteroCallback) for cb in trainer.callbacks)
+    assert look in trainer.callbacks
+
+
 def _epoch_orders(**strategy_kwargs):
     orders = []
 

@@ -319,3 +319,19 @@ def test_rank_variables_are_set_where_the_launcher_left_them_unset(monkeypatch):
     import os
 
     assert os.environ["LOCAL_WORLD_SIZE"] == "8" and os.environ["RANK"] == "3"
+
+
+def test_teardown_removes_the_rank_variables_set_and_keeps_the_rest(monkeypatch):
+    # issue 40, failure 8: the strategies' teardown leaves the environment as set-up found it
+    import os
+
+    from lightning_hetero.streaming import set_rank_variables, unset_rank_variables
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")  # the launcher's
+    added = set_rank_variables(rank=3, world_size=4, local_rank=1, local_world_size=2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # changed since by someone else: theirs
+    unset_rank_variables(added)
+    assert "RANK" not in os.environ and "LOCAL_RANK" not in os.environ
+    assert os.environ["WORLD_SIZE"] == "4" and os.environ["LOCAL_WORLD_SIZE"] == "8"

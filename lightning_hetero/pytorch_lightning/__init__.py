@@ -9,9 +9,9 @@ registry. This package holds the same public names as ``lightning_hetero``, buil
 ``lightning_hetero.pytorch_lightning.emulate.Throttle``. Pure modules are shared.
 
 ``import lightning_hetero`` registers ``"hetero"`` in ``pytorch_lightning``'s strategy registry
-too, so ``pl.Trainer(strategy="hetero")`` builds this package's ``HeteroStrategy``. An object
-built from ``lightning_hetero`` (on ``lightning.pytorch``) is refused by ``pl.Trainer``, with
-an error naming the import from here.
+too (once the program imports ``pytorch_lightning``), so ``pl.Trainer(strategy="hetero")``
+builds this package's ``HeteroStrategy``. An object built from ``lightning_hetero`` (on
+``lightning.pytorch``) is refused by ``pl.Trainer``, with an error naming the import from here.
 """
 
 import importlib

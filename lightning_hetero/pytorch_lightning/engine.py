@@ -62,7 +62,7 @@ from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
 from lightning_hetero.planning.dual import DualBatchPlan
 from lightning_hetero.replan import Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
-from lightning_hetero.streaming import set_rank_variables
+from lightning_hetero.streaming import set_rank_variables, unset_rank_variables
 
 __all__ = ["HeteroEngine", "HeteroOptions", "hetero_parts"]
 
@@ -123,6 +123,11 @@ def hetero_parts(
     return training_mode, PlanState(initial, total, lower, upper)
 
 
+def _remove(items: list[Any], item: Any) -> None:
+    """Remove ``item`` (this very object) from ``items`` where it still is."""
+    items[:] = [other for other in items if other is not item]
+
+
 class HeteroEngine:
     """Per-rank batch sizes for a Lightning ``ParallelStrategy`` (mix in before it).
 
@@ -175,6 +180,9 @@ class HeteroEngine:
         #: The run the re-planner, the mode and the probes work in (made at set-up).
         self.context: RunContext | None = None
         self._optimizers_ready = False  # set-up has built the optimizers
+        # what set-up changed outside the strategy (environment variables, the Trainer's
+        # callbacks), undone at teardown: the process is left as it was found
+        self._undo: list[Callable[[], None]] = []
         # the Trainer whose loop counts this run set, and the user's values, put back at teardown
         self._user_loop_counts: tuple[Any, dict[str, int | float]] | None = None
         self._reload_after_setup = False  # the training data was loaded before that
@@ -309,9 +317,10 @@ class HeteroEngine:
     def setup_environment(self) -> None:
         super().setup_environment()
         if self.world_size > 1:  # what data libraries read (MosaicML's streaming): see there
-            set_rank_variables(
+            added = set_rank_variables(
                 self.global_rank, self.world_size, self.local_rank, self.num_processes
             )
+            self._undo.append(lambda: unset_rank_variables(added))
         destroy_at_exit()
         self._check_process_group()
         self.context = self._make_context()
@@ -324,7 +333,9 @@ class HeteroEngine:
             return  # a bare strategy, e.g. for its collectives, as DDPStrategy allows
         trainer = self.lightning_module.trainer
         if not any(isinstance(cb, HeteroCallback) for cb in trainer.callbacks):
-            trainer.callbacks.append(HeteroCallback())
+            callback = HeteroCallback()
+            trainer.callbacks.append(callback)
+            self._undo.append(lambda: _remove(trainer.callbacks, callback))
         if trainer.state.fn != TrainerFn.FITTING:
             return
         if not self.training_mode.steps_together and self._layer_sync is not None:
@@ -774,4 +785,6 @@ class HeteroEngine:
         if self._user_loop_counts is not None:
             set_loop_counts(*self._user_loop_counts)
             self._user_loop_counts = None
+        while self._undo:
+            self._undo.pop()()
         super().teardown()

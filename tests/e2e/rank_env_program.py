@@ -3,7 +3,8 @@ variables when it is built (MosaicML's ``StreamingDataset``) sees in ``train_dat
 
 usage: python rank_env_program.py OUT_JSON
 
-Rank 0 writes each rank's variables and the samples it trained, per epoch, to OUT_JSON.
+Rank 0 writes each rank's variables and the samples it trained, per epoch, to OUT_JSON, and
+what is left after ``fit`` (the variables the strategy set, its callback).
 """
 
 import json
@@ -71,7 +72,10 @@ if __name__ == "__main__":
     )
     model = Model()
     trainer.fit(model)
-    rows = strategy.gather_objects({"env": model.shards.seen_env, "seen": model.seen})
+    after = {name: os.environ.get(name) for name in ("RANK", "LOCAL_WORLD_SIZE")}
+    hetero = [type(cb).__name__ for cb in trainer.callbacks if "Hetero" in type(cb).__name__]
+    row = {"env": model.shards.seen_env, "seen": model.seen, "after": after, "hetero": hetero}
+    rows = strategy.gather_objects(row)
     if trainer.global_rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(rows, f)

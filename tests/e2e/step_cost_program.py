@@ -1,7 +1,8 @@
 """What a rank's step cost holds, on 2 gloo ranks: a tiny model on a dataset whose
 ``__getitem__`` sleeps ``--sleep`` seconds per sample, loaded on the training thread
 (``--workers 0``) or in worker processes, with an optional :class:`Throttle` for the device.
-Rank 0 writes the strategy's history to OUT_PATH as JSON.
+Rank 0 writes the strategy's history to OUT_PATH as JSON, and the end-of-fit summary
+(``HeteroCallback.summary``) to OUT_PATH.summary.
 
 The plan is fixed (``controller="static"``) unless ``--adaptive``: every rank keeps
 ``BATCH_SIZE`` samples per step, so each boundary's ``compute_times`` describe that batch.
@@ -19,7 +20,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_hetero import HeteroStrategy
+from lightning_hetero import HeteroCallback, HeteroStrategy
 from lightning_hetero.emulate import Throttle
 
 BATCH_SIZE = 8  # per rank, every step
@@ -80,7 +81,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    callbacks = []
+    hetero = HeteroCallback()  # the strategy attaches one; this one is kept after fit
+    callbacks: list[pl.Callback] = [hetero]
     if args.sample_cost is not None or args.load_cost:
         costs = [float(c) for c in (args.sample_cost or "0,0").split(",")]
         callbacks.append(Throttle(sample_cost=costs, load_cost=args.load_cost))
@@ -99,6 +101,8 @@ def main() -> None:
     if trainer.global_rank == 0:
         with open(args.out, "w") as f:
             json.dump(trainer.strategy.history, f)
+        with open(f"{args.out}.summary", "w") as f:
+            json.dump(hetero.summary, f)  # the end-of-fit summary
     torch.distributed.destroy_process_group()
 
 

@@ -98,3 +98,12 @@ def test_equal_loading_adds_to_each_ranks_unequal_device_cost(tmp_path):
     # and the plan gives the faster rank more samples
     moved = first["next_batch_sizes"]
     assert moved[0] > BATCH_SIZE > moved[1], first
+    # the end-of-fit summary says so, from this run's history
+    summary = json.loads((tmp_path / "unequal.json.summary").read_text())
+    assert summary["boundaries"] == len(history) and summary["replans"] >= 1, summary
+    assert summary["first_plan"] == [BATCH_SIZE, BATCH_SIZE], summary
+    assert summary["final_plan"] == history[-1]["next_batch_sizes"], summary
+    assert summary["step_time_uniform"] == first["step_time"], summary
+    assert summary["pace_setter"] == 1, summary  # the slower device's rank
+    assert {"reverts", "holds", "hold_reasons", "final_balance", "speedup"} <= set(summary)
+    assert "lightning_hetero.plots" in summary["pictures"], summary

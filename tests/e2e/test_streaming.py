@@ -116,3 +116,7 @@ def test_a_dataset_built_in_train_dataloader_sees_each_ranks_variables(tmp_path)
     for epoch in range(2):
         samples = [i for row in rows for e, *batch in row["seen"] if e == epoch for i in batch]
         assert sorted(samples) == list(range(40)), epoch
+    # teardown leaves the process as it found it: the two the launcher did not set are gone,
+    # and the HeteroCallback the strategy added is removed (issue 40, failure 8)
+    assert [row["after"] for row in rows] == [{"RANK": None, "LOCAL_WORLD_SIZE": None}] * 2
+    assert [row["hetero"] for row in rows] == [[], []]
