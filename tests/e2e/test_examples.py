@@ -31,6 +31,9 @@ def test_the_example_trains_and_prints_its_plan(tmp_path, script, global_batch):
     sizes = [int(s) for s in line.split("[")[1].rstrip("]").split(",")]
     # 2 ranks share the loader's batch times 2 (how, depends on this machine's timing)
     assert len(sizes) == 2 and sum(sizes) == global_batch
+    if script == "fsdp.py":  # its loss had fallen to 0.000 (a rule learnt within an epoch)
+        loss = next(row for row in out.splitlines() if "mean train_loss" in row)
+        assert float(loss.rsplit(":", 1)[1]) > 0.1, loss
 
 
 def test_the_cli_example_reads_the_yaml(tmp_path):
