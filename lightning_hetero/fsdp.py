@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies import _StrategyRegistry
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
@@ -139,6 +140,11 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":  # ModelParallelStrategy's "auto" is per node
             self._data_parallel_size = self.num_nodes * self.num_processes
+        # Lightning's launcher gives each rank cores // processes CPU threads, but
+        # ModelParallelStrategy has a launcher on the launching rank only: the ranks it starts
+        # kept every core (twice rank 0's threads on 2 ranks), so equal ranks computed at
+        # different speeds and got unequal plans. DDPStrategy sets it on every rank; so here.
+        _set_num_threads_if_needed(num_processes=self.num_processes)
         super().setup_environment()
 
     @override

@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning_fabric.strategies import _StrategyRegistry
+from lightning_fabric.utilities.distributed import _set_num_threads_if_needed
 from pytorch_lightning.strategies import ModelParallelStrategy
 from pytorch_lightning.trainer.states import TrainerFn
 from typing_extensions import override
@@ -141,6 +142,11 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":  # ModelParallelStrategy's "auto" is per node
             self._data_parallel_size = self.num_nodes * self.num_processes
+        # Lightning's launcher gives each rank cores // processes CPU threads, but
+        # ModelParallelStrategy has a launcher on the launching rank only: the ranks it starts
+        # kept every core (twice rank 0's threads on 2 ranks), so equal ranks computed at
+        # different speeds and got unequal plans. DDPStrategy sets it on every rank; so here.
+        _set_num_threads_if_needed(num_processes=self.num_processes)
         super().setup_environment()
 
     @override
