@@ -222,7 +222,7 @@ class HeteroCallback(Callback):
         # `groupby("epoch")`
         metrics = {**metrics, "epoch": trainer.current_epoch}
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
+            logger.log_metrics(metrics=metrics, step=step)
         if not self._layout_added:  # with the first metrics: it charts only what is logged
             self._layout_added = True
             self._add_tensorboard_layout(trainer, list(metrics))

@@ -5,16 +5,27 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from numbers import Real
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
+if TYPE_CHECKING:
+    from lightning_hetero.engine import HeteroEngine
+
 __all__ = ["Throttle"]
 
 _MIN_NOISE_FACTOR = 0.05  # as the simulator: a delay never shrinks below 5% of itself
+
+
+def _hetero(trainer: "pl.Trainer") -> "HeteroEngine | None":
+    """The trainer's strategy where it is one of the package's (``None`` for DDP and others)."""
+    from lightning_hetero.engine import HeteroEngine  # the engine imports this module
+
+    strategy = trainer.strategy
+    return strategy if isinstance(strategy, HeteroEngine) else None
 
 
 def _number(value: Any) -> bool:
@@ -280,7 +291,8 @@ class Throttle(Callback):
         # under the hetero strategy's micro-batches each backward is one micro-batch's: it
         # costs its own samples plus the fixed `step_cost`, as a Lightning batch of
         # gradient accumulation does under DDP
-        micro = getattr(getattr(trainer, "strategy", None), "micro_batch_samples", None)
+        strategy = _hetero(trainer)
+        micro = None if strategy is None else strategy.micro_batch_samples
         samples = self._batch_size if micro is None else micro
         stall, self._stall_due = self._stall_due, 0.0
         self._sleep(self._noisy(trainer.global_rank, self._delays(trainer, samples)[1]) + stall)
@@ -301,8 +313,8 @@ class Throttle(Callback):
         (another strategy, a mode without a step layout) what Lightning reads from the batch,
         which counts a tensor's first dimension and can miss (2 in a PyG ``Batch``: its
         ``edge_index``)."""
-        planned = getattr(getattr(trainer, "strategy", None), "step_samples", None)
-        samples = planned(batch_idx) if callable(planned) else None
+        strategy = _hetero(trainer)
+        samples = None if strategy is None else strategy.step_samples(batch_idx)
         return extract_batch_size(batch) if samples is None else samples
 
     def _delays(self, trainer: "pl.Trainer", batch_size: int) -> tuple[float, float]:

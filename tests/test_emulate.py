@@ -3,6 +3,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lightning_hetero import HeteroStrategy
 from lightning_hetero.emulate import Throttle
 
 
@@ -43,7 +44,7 @@ def test_schedule_keys_count_epochs_or_global_steps(monkeypatch, unit, expected)
     for step in (6, 7, 8):  # all in epoch 0, ten samples per batch
         slept = []
         monkeypatch.setattr("lightning_hetero.emulate.time.sleep", slept.append)
-        trainer = SimpleNamespace(global_rank=0, current_epoch=0, global_step=step)
+        trainer = SimpleNamespace(global_rank=0, current_epoch=0, global_step=step, strategy=None)
         throttle.on_train_batch_start(trainer, None, torch.zeros(10, 3), 0)
         throttle.on_before_backward(trainer, None, None)
         delays.append(sum(slept))
@@ -52,7 +53,11 @@ def test_schedule_keys_count_epochs_or_global_steps(monkeypatch, unit, expected)
 
 def _trainer(rank=0, epoch=0, step=0, world_size=2):
     return SimpleNamespace(
-        global_rank=rank, current_epoch=epoch, global_step=step, world_size=world_size
+        global_rank=rank,
+        current_epoch=epoch,
+        global_step=step,
+        world_size=world_size,
+        strategy=None,
     )
 
 
@@ -282,15 +287,18 @@ def test_each_micro_batch_backward_costs_its_own_samples_and_the_fixed_cost(monk
     # backward is charged its micro-batch's samples plus step_cost, loading once per step
     throttle = Throttle([0.01], load_cost=0.001, step_cost=0.002)
     slept = _record_sleeps(monkeypatch)
-    trainer = SimpleNamespace(
-        global_rank=0, current_epoch=0, global_step=0, strategy=SimpleNamespace()
-    )
+    # read from the strategy's typed attribute (HeteroStrategy), not by name from any object
+    trainer = SimpleNamespace(global_rank=0, current_epoch=0, global_step=0, strategy=None)
+    trainer.strategy = HeteroStrategy()
     throttle.on_train_batch_start(trainer, None, torch.zeros(10, 3), 0)
     for samples in (4, 3, 3):
         trainer.strategy.micro_batch_samples = samples
         throttle.on_before_backward(trainer, None, None)
     assert slept == pytest.approx([0.01, 0.042, 0.032, 0.032])
     trainer.strategy.micro_batch_samples = None  # a step run whole: its batch
+    throttle.on_before_backward(trainer, None, None)
+    assert slept[-1] == pytest.approx(0.102)
+    trainer.strategy = SimpleNamespace(micro_batch_samples=4)  # another strategy's: not read
     throttle.on_before_backward(trainer, None, None)
     assert slept[-1] == pytest.approx(0.102)
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -232,3 +233,41 @@ def test_yaml_config_builds_the_schedule(tmp_path):
     cli = LightningCLI(BoringModel, run=False, args=[f"--config={config}"])
     (schedule,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, ProgressiveSchedule)]
     assert schedule.resolution(2) == (32, 32) and schedule.dropout(0) == 0.1
+
+
+class _KeywordLogger(Logger):
+    """A logger whose ``log_metrics`` takes keywords only, as Lightning calls it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int | None, dict]] = []
+
+    @property
+    def name(self) -> str:
+        return "keywords"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, *, metrics, step=None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+
+def test_metrics_reach_a_logger_by_keyword():
+    # issue 40, failure 9: `log_metrics(metrics, ...)` failed on a logger whose signature
+    # differs from Logger's (Lightning itself passes `metrics=` and `step=`)
+    logger = _KeywordLogger()
+    trainer = _trainer(
+        ProgressiveSchedule([Stage(0.1, [SubStage(1, 32)])]),
+        1,
+        strategy=HeteroStrategy(adjust_every="epoch"),
+        limit_val_batches=0,
+    )
+    trainer.loggers = [logger]
+    trainer.fit(_Recorder(), DataLoader(_data(), batch_size=8))
+    names = {name for _, metrics in logger.rows for name in metrics}
+    assert "hetero/balance" in names and "progressive/lr" in names

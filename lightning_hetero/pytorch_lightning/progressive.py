@@ -357,7 +357,7 @@ class ProgressiveSchedule(Callback):
         if _plans_batches(strategy) and strategy.limits is not None:
             metrics["progressive/batch_size"] = float(strategy.limits.global_batch_size)
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.log_metrics(metrics=metrics, step=trainer.global_step)
 
 
 def _plans_batches(strategy: Any) -> bool:

@@ -205,7 +205,7 @@ class StragglerReport(Callback):
             metrics = _metrics(rows)
             step = logging_step(trainer, epoch_end=epoch_end)
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
+                logger.log_metrics(metrics=metrics, step=step)
         rank_zero_info(describe(entry, decided))
         self._check_waits(rows)
 
