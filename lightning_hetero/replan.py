@@ -23,6 +23,7 @@ from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_hetero.context import RunContext
 from lightning_hetero.modes.base import Mode
 from lightning_hetero.planning import (
+    BatchLimits,
     Controller,
     RankStats,
     StepTimeGuard,
@@ -31,10 +32,10 @@ from lightning_hetero.planning import (
 )
 from lightning_hetero.planning.base import Deadband, check_deadband, noise_deadband
 from lightning_hetero.planning.faults import RankIdentity, held_at_minimum, weights_for_new_world
-from lightning_hetero.planning.split import is_count, plan_checksum
+from lightning_hetero.planning.split import is_count, plan_checksum, proportional_split
 from lightning_hetero.resources import ResourceMeter
 
-__all__ = ["RankReport", "Replanner", "check_replan_options", "waits_unseen"]
+__all__ = ["RankReport", "Replanner", "check_replan_options", "held_reason", "waits_unseen"]
 
 #: Batches between two readings of the step timer outside boundaries.
 _COLLECT_EVERY = 64
@@ -326,7 +327,7 @@ class Replanner:
                     " step time is the new reference, and no plan is judged against the times"
                     " before."
                 )
-            back = self._review(plan, got["step_s"], got["step_se"], min(got["step_n"]))
+            back = self._review(plan, got["step_s"], got["step_se"], min(got["step_n"]), compute_s)
             if self.controller.replicable:  # every rank decides: no broadcast
                 new_plan = self._checked(self._decide(plan, compute_s, stats))
             else:
@@ -400,43 +401,42 @@ class Replanner:
 
     def _say_held(self, plan: list[int], wanted: list[int], entry: dict[str, Any]) -> None:
         """Say why an unbalanced plan is kept (at most every ``_SAY_HELD_EVERY`` boundaries):
-        the balance, the measured noise, and the option that would change it."""
+        the balance, what holds the plan, and what would release it."""
         if self._held_said_at is not None and len(self.history) - self._held_said_at < (
             _SAY_HELD_EVERY
         ):
             return
         self._held_said_at = len(self.history)
-        guard = self._guard_in_force
-        if wanted != plan and guard is not None and guard.holding:
-            why = "the step-time guard waits for enough steps to judge the last change"
-        elif wanted != plan and guard is not None:
-            why = (
-                f"the step-time guard undid {guard.reverts} change(s) that measured slower and"
-                " tries no more (`revert_slower=False` keeps every change)"
-            )
-        elif "deadband" in entry:
-            band = entry["deadband"]
-            option = getattr(self.controller, "deadband", None)
-            source = "the measured timing noise" if option == "auto" else "`deadband`"
-            why = (
-                f"the dead-band is {band:.1%} ({source}, deadband={option!r}): a gain smaller"
-                f" than that is not acted on; deadband={max(0.0, 0.5 * (1 - entry['balance'])):.2f}"
-                " would move it"
-            )
-        else:
-            why = f"the {type(self.controller).__name__} controller keeps it"
+        limits = self.ctx.plan_state.limits
+        assert limits is not None
+        why = held_reason(
+            plan,
+            wanted,
+            entry["compute_times"],
+            limits,
+            self.controller,
+            self._guard_in_force,
+            entry.get("deadband"),
+            entry["balance"],
+        )
         rank_zero_info(f"hetero: keeping the plan {plan} at balance {entry['balance']:.2f}: {why}.")
 
     def _review(
-        self, plan: list[int], step_s: Sequence[float], step_se: Sequence[float], steps: int
+        self,
+        plan: list[int],
+        step_s: Sequence[float],
+        step_se: Sequence[float],
+        steps: int,
+        compute_s: Sequence[float],
     ) -> list[int] | None:
         """The guard's verdict on the plan in force (every rank alike, from gathered
-        numbers): the plan to go back to, or ``None``."""
+        numbers): the plan to go back to, or ``None``. Each rank's compute time lets it tell
+        a slowdown every rank saw from the plan's."""
         guard = self._guard_in_force
         mean_s = _mean_finite(step_s)
         if guard is None or not (math.isfinite(mean_s) and mean_s > 0):
             return None
-        return guard.review(plan, mean_s, _mean_finite(step_se), steps)
+        return guard.review(plan, mean_s, _mean_finite(step_se), steps, compute_s)
 
     @property
     def _guard_in_force(self) -> StepTimeGuard | None:
@@ -643,6 +643,84 @@ def waits_unseen(
     if max(steps) - min(steps) <= spread * max(steps):
         return False
     return all(math.isfinite(w) and w < floor * min(steps) for w in wait_s)
+
+
+def held_reason(
+    plan: Sequence[int],
+    wanted: Sequence[int],
+    compute_s: Sequence[float],
+    limits: BatchLimits,
+    controller: Controller,
+    guard: StepTimeGuard | None,
+    deadband: float | None,
+    balance: float,
+) -> str:
+    """What holds ``plan`` (measured at ``compute_s``) though it is unbalanced, and what would
+    release it: the step-time guard (``wanted``, the controller's plan, differs), else a bound
+    that stops a rank's batch where its measured speed wants it to go (a learned maximum or
+    floor, the memory bound ``max_batch_size``, ``min_batch_size``), else the dead-band.
+
+    Example:
+        >>> from lightning_hetero.planning import ProportionalController
+        >>> held_reason([8, 8], [8, 8], [1.0, 2.0], BatchLimits.build(2, 16, max_batch_size=8),
+        ...             ProportionalController(), None, 0.05, 0.75)  # doctest: +ELLIPSIS
+        'rank 0 is at `max_batch_size`=8 (its memory bound), below the 11 its speed asks...'
+    """
+    if list(wanted) != list(plan) and guard is not None:
+        if guard.holding:
+            return "the step-time guard waits for enough steps to judge the last change"
+        return (
+            f"the step-time guard undid {guard.reverts} change(s) that measured slower"
+            f" ({guard.reverts_in_row} in a row from this plan) and tries no more until the"
+            " cluster changes beyond the drift it has seen or the controller asks for another"
+            " plan (`revert_slower=False` keeps every change)"
+        )
+    speeds = [b / t for b, t in zip(plan, compute_s)]
+    total = limits.global_batch_size
+    free = proportional_split(speeds, total, [1] * len(plan), [total] * len(plan))
+    learned_max = getattr(controller, "learned_max", None) or [None] * len(plan)
+    learned_min = getattr(controller, "learned_min", None) or [None] * len(plan)
+    expires = getattr(controller, "learned_expires_in", None) or [None] * len(plan)
+    floor_expires = getattr(controller, "floor_expires_in", None) or [None] * len(plan)
+    for k, (size, share) in enumerate(zip(plan, free)):
+        if share > size and learned_max[k] is not None and size >= learned_max[k]:
+            left = expires[k]
+            when = f" in {left} boundaries" if left is not None else ""
+            return (
+                f"rank {k} is at its learned maximum {learned_max[k]} (its throughput fell"
+                f" above that size), below the {share} its speed asks; the maximum is lifted"
+                f"{when} (`relearn_after`), or never learned with `learn_max_batch_size=False`"
+            )
+        if share > size and size >= limits.max_batch_size[k]:
+            return (
+                f"rank {k} is at `max_batch_size`={limits.max_batch_size[k]} (its memory"
+                f" bound), below the {share} its speed asks; a larger `max_batch_size`, or"
+                " `micro_batch_size` so that memory bounds the micro-batch, not the share,"
+                " would move it"
+            )
+        if share < size and learned_min[k] is not None and size <= learned_min[k]:
+            left = floor_expires[k]
+            when = f" in {left} boundaries" if left is not None else ""
+            return (
+                f"rank {k} is at its learned floor {learned_min[k]} (fewer samples did not"
+                f" make its steps shorter), above the {share} its speed asks; the floor is"
+                f" lifted{when} (`relearn_after`), or never learned with `learn_floor=False`"
+            )
+        if share < size and size <= limits.min_batch_size[k]:
+            return (
+                f"rank {k} is at `min_batch_size`={limits.min_batch_size[k]}, above the"
+                f" {share} its speed asks; a smaller `min_batch_size` would move it (or"
+                " remove the rank from the job)"
+            )
+    if deadband is not None:
+        option = getattr(controller, "deadband", None)
+        source = "the measured timing noise" if option == "auto" else "`deadband`"
+        return (
+            f"the dead-band is {deadband:.1%} ({source}, deadband={option!r}): a gain smaller"
+            f" than that is not acted on; deadband={max(0.0, 0.5 * (1 - balance)):.2f}"
+            " would move it"
+        )
+    return f"the {type(controller).__name__} controller keeps it"
 
 
 def _mean_finite(values: Sequence[float]) -> float:

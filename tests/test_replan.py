@@ -21,6 +21,7 @@ from lightning_hetero.replan import (
     RankReport,
     Replanner,
     check_replan_options,
+    held_reason,
     plan_checksum,
     waits_unseen,
 )
@@ -450,6 +451,68 @@ def test_an_unbalanced_plan_held_back_says_why_with_the_option_that_would_move_i
     assert len(said) == 1  # rate-limited
     # balance T*/max t = 0.87: a dead-band of 0.07 would move the plan
     assert "balance 0.87" in said[0] and "deadband=0.3" in said[0] and "deadband=0.07" in said[0]
+
+
+def test_a_plan_a_learned_maximum_holds_names_the_maximum_not_the_dead_band(caplog):
+    # issue 42: "keeping the plan [8, 8] at balance 0.87: the dead-band is 1.0% ..." while a
+    # learned maximum held rank 0 at 8
+    host = _Host([8, 8], world_size=2, comm=_SlowerMirror(0, 1, torch.device("cpu")))
+    host.comm.other_batch_size = 8
+    controller = ProportionalController(deadband=0.01)
+    controller.learned_max, controller.learned_expires_in = [8, None], [10, None]
+    replanner = host.replanner(controller, adjust_every="epoch", smoothing=0.8)
+    replanner.start()
+    with caplog.at_level("INFO"):
+        _timed(host, 8, 5, 1.0)
+        _end_epoch(replanner, 5)
+    assert host.plan_state.batch_sizes == [8, 8]
+    said = [r.getMessage() for r in caplog.records if "keeping the plan" in r.getMessage()]
+    assert len(said) == 1
+    assert "learned maximum 8" in said[0] and "in 9 boundaries" in said[0]
+    assert "dead-band" not in said[0]
+
+
+def _reason(plan, compute_s, limits, controller=None, guard=None, wanted=None, band=0.01):
+    controller = controller or ProportionalController(deadband=band)
+    wanted = plan if wanted is None else wanted
+    return held_reason(plan, wanted, compute_s, limits, controller, guard, band, 0.8)
+
+
+def test_a_held_plan_names_the_memory_bound_and_what_releases_it():
+    why = _reason([8, 8], [1.0, 2.0], BatchLimits.build(2, 16, max_batch_size=8))
+    assert "rank 0 is at `max_batch_size`=8" in why and "micro_batch_size" in why
+
+
+def test_a_held_plan_names_min_batch_size_and_what_releases_it():
+    why = _reason([4, 12], [4.0, 1.0], BatchLimits.build(2, 16, min_batch_size=4))
+    assert "rank 0 is at `min_batch_size`=4" in why and "smaller `min_batch_size`" in why
+
+
+def test_a_held_plan_names_a_learned_floor_and_when_it_lifts():
+    controller = ProportionalController()
+    controller.learned_min, controller.floor_expires_in = [6, None], [3, None]
+    why = _reason([6, 10], [3.0, 1.0], BatchLimits.build(2, 16), controller)
+    assert "learned floor 6" in why and "in 3 boundaries" in why
+
+
+def test_a_held_plan_names_the_guard_when_it_refuses_the_controllers_plan():
+    guard = StepTimeGuard()
+    guard.review([8, 8], 1.0, 0.001)
+    for _ in range(2):
+        guard.propose([8, 8], [12, 4])
+        guard.review([12, 4], 1.5, 0.001)
+        guard.review([8, 8], 1.0, 0.001)
+    assert guard.propose([8, 8], [12, 4]) == [8, 8]
+    why = _reason([8, 8], [1.0, 2.0], BatchLimits.build(2, 16), guard=guard, wanted=[12, 4])
+    assert "step-time guard undid 2 change(s)" in why and "2 in a row" in why
+    guard.holding = True
+    why = _reason([8, 8], [1.0, 2.0], BatchLimits.build(2, 16), guard=guard, wanted=[12, 4])
+    assert "waits for enough steps" in why
+
+
+def test_a_held_plan_with_no_bound_in_the_way_names_the_dead_band():
+    why = _reason([8, 8], [1.0, 1.2], BatchLimits.build(2, 16), band=0.3)
+    assert "the dead-band is 30.0%" in why and "deadband=0.10 would move it" in why
 
 
 def test_a_fixed_plan_the_user_chose_is_kept_without_a_note(caplog):

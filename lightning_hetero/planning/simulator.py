@@ -302,7 +302,11 @@ class ClusterSimulator:
                 for stat, s in zip(self.stats_at(plan, boundary), smoothers)
             ]
             step_se = stdev(steps) / sqrt(len(steps)) if len(steps) > 1 else nan
-            back = None if guard is None else guard.review(plan, fmean(steps), step_se, len(steps))
+            back = (
+                None
+                if guard is None
+                else guard.review(plan, fmean(steps), step_se, len(steps), compute_s)
+            )
             new_plan = controller.update(plan, compute_s, limits, stats)
             if back is not None:
                 new_plan = back

@@ -54,8 +54,15 @@ def test_a_faster_change_is_kept_and_the_next_one_is_checked_against_it():
     assert guard.review([50, 14], 0.9, 0.0) == [40, 24]  # slower than 0.8, not than 1.0
 
 
-def test_after_reverts_steps_shrink_until_the_guard_stops_trying():
-    guard = StepTimeGuard(shrink=0.5, min_fraction=0.2)
+@pytest.mark.parametrize(
+    ("max_reverts", "expected"),
+    [
+        (2, [[120, 8], [92, 36], [64, 64]]),  # two reverts in a row: no more tries
+        (3, [[120, 8], [92, 36], [78, 50], [64, 64]]),  # 1, 1/2, 1/4, then below min_fraction
+    ],
+)
+def test_after_reverts_steps_shrink_until_the_guard_stops_trying(max_reverts, expected):
+    guard = StepTimeGuard(shrink=0.5, min_fraction=0.2, max_reverts=max_reverts)
     guard.review([64, 64], 1.0, 0.0)
     tried = []
     for _ in range(4):
@@ -65,7 +72,7 @@ def test_after_reverts_steps_shrink_until_the_guard_stops_trying():
             break
         assert guard.review(step, 1.5, 0.0) == [64, 64]
         guard.review([64, 64], 1.0, 0.0)
-    assert tried == [[120, 8], [92, 36], [78, 50], [64, 64]]  # 1, 1/2, 1/4, then nothing
+    assert tried == expected
 
 
 def test_a_kept_change_restores_full_steps():
@@ -104,7 +111,14 @@ def test_the_state_round_trip_continues_a_trial():
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("z", -1.0), ("tolerance", -0.1), ("shrink", 1.0), ("shrink", 0.0), ("min_fraction", 0.0)],
+    [
+        ("z", -1.0),
+        ("tolerance", -0.1),
+        ("shrink", 1.0),
+        ("shrink", 0.0),
+        ("min_fraction", 0.0),
+        ("max_reverts", 0),
+    ],
 )
 def test_bad_options_are_refused(option, value):
     with pytest.raises(ValueError, match=option):
@@ -212,3 +226,83 @@ def test_a_restart_makes_the_next_plan_the_reference_without_a_verdict():
     # later changes are judged against the new reference
     guard.propose([10, 6], [12, 4])
     assert guard.review([12, 4], 8.0, 0.01) == [10, 6]
+
+
+def _drifting_pair(
+    guard: StepTimeGuard, slower_by: float, drift: float, boundaries: int = 16
+) -> list[list[int]]:
+    """Issue 42's repro: the controller asks for B at every boundary; B is ``slower_by``
+    slower than A and the whole load drifts by ``drift`` every two boundaries."""
+    a, b = [32, 32], [40, 24]
+    plan, plans = a, []
+    for k in range(boundaries):
+        load = 1.0 if k % 4 < 2 else 1.0 + drift
+        base = {(32, 32): 1.0, (40, 24): 1.0 + slower_by}.get(tuple(plan), 1.0 + slower_by / 2)
+        back = guard.review(plan, base * load, 0.005, steps=20)
+        plan = back if back is not None else guard.propose(plan, b)
+        plans.append(plan)
+    return plans
+
+
+@pytest.mark.parametrize("drift", [0.0, 0.03, 0.06])
+def test_a_slower_plan_under_a_drifting_load_is_reverted_at_most_twice_and_not_kept(drift):
+    guard = StepTimeGuard()
+    plans = _drifting_pair(guard, slower_by=0.05, drift=drift)
+    assert guard.reverts <= 2
+    assert plans[-1] == [32, 32]
+    assert plans.count([40, 24]) <= 2
+
+
+def test_a_real_regression_is_still_reverted_under_a_drifting_load():
+    guard = StepTimeGuard()
+    plans = _drifting_pair(guard, slower_by=0.10, drift=0.03)
+    assert plans[1] == [32, 32] and guard.reverts >= 1
+    assert plans[-1] == [32, 32]
+
+
+def test_a_whole_machine_slowdown_under_a_balanced_plan_is_not_reverted():
+    # per-sample 20 ms on rank 0, 12.5 ms on rank 1: [24, 40] is at balance 0.98
+    guard = StepTimeGuard()
+    assert guard.review([32, 32], 0.64, 0.002, compute_s=[0.64, 0.40]) is None
+    assert guard.propose([32, 32], [24, 40]) == [24, 40]
+    # everything runs 40% slower meanwhile: 0.70 s against 0.64 s, yet every rank's time per
+    # sample rose by 40%, so the plan is not to blame
+    slow = [0.48 * 1.4, 0.50 * 1.4]
+    assert guard.review([24, 40], 0.70, 0.002, compute_s=slow) is None
+    assert guard.reverts == 0
+    # without per-rank times the same numbers read as a slower plan
+    blind = StepTimeGuard()
+    blind.review([32, 32], 0.64, 0.002)
+    blind.propose([32, 32], [24, 40])
+    assert blind.review([24, 40], 0.70, 0.002) == [32, 32]
+
+
+def test_a_plan_slower_on_some_rank_is_reverted_despite_per_rank_times():
+    # the flooded rank's time per sample is unchanged (it only got more samples): no load
+    guard = StepTimeGuard()
+    guard.review([32, 32], 0.64, 0.002, compute_s=[0.64, 0.40])
+    guard.propose([32, 32], [8, 56])
+    assert guard.review([8, 56], 0.70, 0.002, compute_s=[0.16, 0.70]) == [32, 32]
+
+
+def test_a_refused_change_is_tried_again_when_the_cluster_changes_beyond_the_drift():
+    guard = StepTimeGuard()
+    plans = _drifting_pair(guard, slower_by=0.05, drift=0.03)
+    assert guard.propose(plans[-1], [40, 24]) == [32, 32]  # refused
+    guard.review([32, 32], 1.5, 0.005, steps=20)  # far outside 1.00-1.03: the cluster changed
+    assert guard.propose([32, 32], [40, 24]) == [40, 24]
+
+
+def test_a_refused_change_is_tried_again_when_the_controller_asks_for_another_plan():
+    guard = StepTimeGuard()
+    plans = _drifting_pair(guard, slower_by=0.05, drift=0.0)
+    assert guard.propose(plans[-1], [39, 25]) == [32, 32]  # close to the refused target
+    assert guard.propose(plans[-1], [24, 40]) == [24, 40]  # the other way: judged afresh
+
+
+def test_the_state_round_trip_keeps_a_refusal():
+    guard = StepTimeGuard()
+    plans = _drifting_pair(guard, slower_by=0.05, drift=0.03)
+    restored = StepTimeGuard()
+    restored.load_state_dict(guard.state_dict())
+    assert restored.propose(plans[-1], [40, 24]) == [32, 32]
