@@ -1,0 +1,102 @@
+"""StragglerReport in one process: its options, a fit's reports, what it logs, and that it
+leaves no hook behind (the multi-rank behaviour: tests/e2e/test_straggler.py)."""
+
+import math
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.loggers import Logger
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hetero import StragglerReport
+
+
+@pytest.mark.parametrize("every", [0, -1])
+def test_every_n_steps_below_one_is_refused(every):
+    with pytest.raises(ValueError, match=f"every_n_steps={every}"):
+        StragglerReport(every_n_steps=every)
+
+
+@pytest.mark.parametrize("every", [True, 2.0, "5"])
+def test_every_n_steps_that_is_no_int_is_refused(every):
+    with pytest.raises(TypeError, match="takes an int or None"):
+        StragglerReport(every_n_steps=every)
+
+
+@pytest.mark.parametrize("gap", [-0.1, 1.0])
+def test_min_gap_outside_0_1_is_refused(gap):
+    with pytest.raises(ValueError, match="min_gap"):
+        StragglerReport(min_gap=gap)
+
+
+class _Recorder(Logger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+
+class _Tiny(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(20, 4), torch.randn(20, 1)), batch_size=4)
+
+
+def test_a_fit_reports_every_n_steps_logs_the_strategys_tags_and_removes_its_hooks():
+    report, logger, model = StragglerReport(every_n_steps=2), _Recorder(), _Tiny()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=[report],
+        logger=logger,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+    )
+    trainer.fit(model)
+    assert [entry["step"] for entry in report.history] == [2, 4]  # 5 batches
+    for entry in report.history:
+        assert {"epoch", "step", "compute_times", "wait_times", "pace_setter"} <= set(entry)
+        assert entry["pace_setter"] is None  # one rank sets no pace over others
+        assert entry["batch_sizes"] == [4] and entry["allowed_speedup"] == 1.0
+        # alone, a rank's wait is only the end of its backward after its last gradient
+        assert 0 <= entry["wait_times"][0] < entry["compute_times"][0]
+    # the first report: the epoch's first step is timed from its batch only and left out
+    assert report.history[0]["steps"] == [1] and report.history[1]["steps"] == [2]
+    logged = [metrics for _, metrics in logger.rows if "hetero/compute_time/rank0" in metrics]
+    assert len(logged) == 2
+    assert set(logged[0]) == {
+        "hetero/compute_time/rank0",
+        "hetero/wait_time/rank0",
+        "hetero/throughput/rank0",
+    }
+    assert math.isclose(
+        logged[0]["hetero/throughput/rank0"], 4 / logged[0]["hetero/compute_time/rank0"]
+    )
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
