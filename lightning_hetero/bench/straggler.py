@@ -1,0 +1,214 @@
+"""StragglerReport's benchmark: its overhead on a plain DDP job, and the backward straggler.
+
+Every fit of a command runs in one launch (one process group; Lightning starts the other
+ranks by re-running the command), one after another on every rank:
+
+    python -m lightning_hetero.bench.straggler overhead [--workers 2] [--repeats 10]
+    python -m lightning_hetero.bench.straggler scenario [--workers 4] [--delay 0.2] [--repeats 3]
+
+``--accelerator gpu --workers 1`` times the overhead on one GPU (CUDA events).
+
+``overhead``: the same DDP job with and without the report, alternating which goes first;
+each fit's time per step is the median over its epochs after the first, and the result is
+the median over repeats of (with / without). ``scenario``: ``--delay`` seconds of busy work
+added to rank 1's backward only (inside an autograd function's backward), then the same job
+with equal ranks; the table has each repeat's first report (pace-setter, rank 1's compute
+against the injected delay plus rank 0's compute). Rank 0 prints a table and the JSON.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hetero.straggler import StragglerReport
+
+__all__ = ["main", "overhead_rows", "scenario_rows"]
+
+
+def _spin(seconds: float) -> None:
+    """Busy work: a device's compute holds the training thread (a sleep would not)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class _SlowBackward(torch.autograd.Function):
+    """The identity, whose backward spends ``delay`` seconds more."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, delay: float) -> torch.Tensor:
+        ctx.delay = delay
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if ctx.delay:
+            _spin(ctx.delay)
+        return grad, None
+
+
+class _Model(pl.LightningModule):
+    """An MLP of ``depth`` layers; ``busy`` seconds of work in each step's forward, and
+    ``delay`` more in ``slow_rank``'s backward."""
+
+    def __init__(self, width: int, depth: int, busy: float, delay: float, slow_rank: int) -> None:
+        super().__init__()
+        self.busy, self.delay, self.slow_rank = busy, delay, slow_rank
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        self.head = torch.nn.Linear(width, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if self.busy:
+            _spin(self.busy)
+        for i, layer in enumerate(self.layers):
+            x = torch.relu(layer(x))
+            if i == 0:
+                delay = self.delay if self.global_rank == self.slow_rank else 0.0
+                x = _SlowBackward.apply(x, delay)
+        return torch.nn.functional.mse_loss(self.head(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _EpochClock(Callback):
+    """Seconds per training step of each epoch, on this rank."""
+
+    def __init__(self) -> None:
+        self.per_step: list[float] = []
+        self._started = 0.0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        batches = max(1, int(trainer.num_training_batches))
+        self.per_step.append((time.perf_counter() - self._started) / batches)
+
+
+def _fit(args: argparse.Namespace, report: bool, delay: float) -> tuple[float, list[dict]]:
+    """One fit; returns its median seconds per step (epochs after the first) and the
+    report's history (empty without the report)."""
+    torch.manual_seed(0)
+    samples = args.workers * args.batch_size * args.steps
+    data = TensorDataset(torch.randn(samples, args.width), torch.randn(samples, 1))
+    clock = _EpochClock()
+    straggler = StragglerReport()
+    trainer = pl.Trainer(
+        accelerator=args.accelerator,
+        devices=args.workers,
+        strategy="ddp",
+        max_epochs=args.epochs,
+        callbacks=[clock, straggler] if report else [clock],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = _Model(args.width, args.depth, args.busy, delay, slow_rank=1)
+    trainer.fit(model, DataLoader(data, batch_size=args.batch_size))
+    later = clock.per_step[1:] or clock.per_step
+    return statistics.median(later), straggler.history
+
+
+def overhead_rows(args: argparse.Namespace) -> list[dict[str, float]]:
+    """Each repeat's seconds per step without and with the report, and their ratio."""
+    rows = []
+    for repeat in range(args.repeats):
+        order = (False, True) if repeat % 2 == 0 else (True, False)
+        times = {with_report: _fit(args, with_report, 0.0)[0] for with_report in order}
+        rows.append(
+            {"without_s": times[False], "with_s": times[True], "ratio": times[True] / times[False]}
+        )
+    return rows
+
+
+def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each repeat's first report with the delay on rank 1, and with equal ranks."""
+    rows = []
+    for repeat in range(args.repeats):
+        for delay in (args.delay, 0.0):
+            _, history = _fit(args, True, delay)
+            first = history[0]
+            compute = first["compute_times"]
+            expected = delay + compute[0]
+            rows.append(
+                {
+                    "repeat": repeat,
+                    "delay_s": delay,
+                    "pace_setter": first["pace_setter"],
+                    "compute_s": compute,
+                    "wait_s": first["wait_times"],
+                    "rank1_vs_expected": compute[1] / expected,
+                    "allowed_speedup": first["allowed_speedup"],
+                }
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lightning_hetero.bench.straggler")
+    parser.add_argument("what", choices=["overhead", "scenario"])
+    parser.add_argument("--workers", type=int, default=None, help="2 (overhead), 4 (scenario)")
+    parser.add_argument("--repeats", type=int, default=None, help="10 (overhead), 3 (scenario)")
+    parser.add_argument("--delay", type=float, default=0.2, help="rank 1's backward, s/step")
+    parser.add_argument("--busy", type=float, default=None, help="every rank's forward, s/step")
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="per epoch")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--accelerator", default="cpu", help="cpu (gloo ranks) or gpu")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    overhead = args.what == "overhead"
+    for name, for_overhead, for_scenario in (
+        ("workers", 2, 4),
+        ("repeats", 10, 3),
+        ("busy", 0.01, 0.05),
+        ("epochs", 3, 1),
+        ("steps", 40, 8),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, for_overhead if overhead else for_scenario)
+    rows: list[dict[str, Any]] = overhead_rows(args) if overhead else scenario_rows(args)
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:  # rank 0 says it
+        return
+    for row in rows:
+        print(json.dumps(row))
+    if overhead:
+        ratios = [row["ratio"] for row in rows]
+        step_s = statistics.median(row["without_s"] for row in rows)
+        print(
+            f"report overhead ({args.workers} {args.accelerator} ranks, {args.depth + 1} layers"
+            f" of {args.width}, batch {args.batch_size},"
+            f" {args.busy * 1e3:.0f} ms busy a step): with/without seconds per step, median"
+            f" {statistics.median(ratios):.4f} (min {min(ratios):.4f}, max {max(ratios):.4f})"
+            f" over {len(ratios)} repeats; a step takes {step_s * 1e3:.1f} ms without it"
+        )
+    else:
+        slow = [row for row in rows if row["delay_s"] > 0]
+        equal = [row for row in rows if row["delay_s"] == 0]
+        print(
+            f"backward straggler ({args.workers} ranks, {args.delay * 1e3:.0f} ms in rank 1's"
+            f" backward): pace-setters {[r['pace_setter'] for r in slow]}, rank 1's compute /"
+            f" (delay + rank 0's) {[round(r['rank1_vs_expected'], 3) for r in slow]}; equal"
+            f" ranks: pace-setters {[r['pace_setter'] for r in equal]}"
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
