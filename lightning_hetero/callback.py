@@ -11,7 +11,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from lightning_hetero._lightning import logging_step, logs_step_metrics, settle_logged_metrics
+from lightning_hetero._lightning import (
+    logging_step,
+    logs_step_metrics,
+    settle_logged_metrics,
+    stash_loader_states,
+    unstash_loader_states,
+)
 from lightning_hetero._logged_means import per_batch_means_message
 from lightning_hetero.planning.split import is_count
 from lightning_hetero.replan import Replanner
@@ -275,6 +281,20 @@ class HeteroCallback(Callback):
                 logger.experiment.add_custom_scalars({"hetero": charts})
 
     # ---------------------------------------------------------------- checkpoints
+    @override
+    def on_save_checkpoint(
+        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", checkpoint: dict[str, Any]
+    ) -> None:
+        # the training loader's position under a key of its own: the checkpoint resumes
+        # under "ddp", "auto" or one device too, whose loops would refuse it
+        stash_loader_states(checkpoint)
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", checkpoint: dict[str, Any]
+    ) -> None:
+        unstash_loader_states(checkpoint)  # before Lightning restores the loops
+
     @override
     def state_dict(self) -> dict[str, Any]:
         state = self._replanner.state_dict() if self._replanner is not None else {}

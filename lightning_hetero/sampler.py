@@ -4,6 +4,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import Sampler
 
 from lightning_hetero.planning import PlanError, check_plan, proportional_split
@@ -224,6 +225,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
             "epoch": getattr(self.sampler, "epoch", 0),
             "step": self.cursor if step is None else int(step),
             "steps": len(self),
+            "samples": len(self.sampler),
             "epoch_plan": list(self._epoch_plan),
             "changes": [[start, list(plan)] for start, plan in self._changes],
         }
@@ -235,18 +237,27 @@ class GlobalBatchSampler(Sampler[list[int]]):
         A state whose epoch had ended (all its ``steps`` drawn) holds nothing to resume. On
         another number of ranks with the same global batch, the epoch goes on from the same
         step with this sampler's plan: a step's samples depend only on the global batch.
+        Where the training set's length or the global batch changed, the saved step is a
+        position in another order: the epoch's order starts over (its remaining steps draw
+        from the start of this run's order), with a warning that says so.
         """
+        self._resume = None
         if int(state["step"]) >= int(state.get("steps", state["step"] + 1)):
-            self._resume = None
             return
-        if sum(state["epoch_plan"]) != self.global_batch_size:
-            raise ValueError(
-                f"The checkpoint's training data stopped inside epoch {state['epoch']} with a"
-                f" global batch of {sum(state['epoch_plan'])} ({state['epoch_plan']}), and this"
-                f" run's is {self.global_batch_size}: set `global_batch_size="
-                f"{sum(state['epoch_plan'])}` to go on with that epoch, or resume from a"
-                " checkpoint written at an epoch end."
+        samples = int(state.get("samples", len(self.sampler)))  # older checkpoints: unsaved
+        batch = sum(state["epoch_plan"])
+        if samples != len(self.sampler) or batch != self.global_batch_size:
+            rank_zero_warn(
+                f"hetero: the checkpoint stopped at step {state['step']} of epoch"
+                f" {state['epoch']} ({samples} training samples, a global batch of {batch}),"
+                f" and this run has {len(self.sampler)} samples and a global batch of"
+                f" {self.global_batch_size}: that step is a position in another order, so the"
+                " epoch's order starts over (its remaining steps draw from the start of a new"
+                " order: some samples are trained twice this epoch, some not at all). Resume"
+                " from a checkpoint written at an epoch end, or with the same data and"
+                " `global_batch_size`, for exact epochs."
             )
+            return
         plans = [state["epoch_plan"], *(plan for _, plan in state["changes"])]
         if any(len(p) != len(self._epoch_plan) for p in plans):  # another world: its own plan
             state = {**state, "epoch_plan": self.batch_sizes, "changes": []}

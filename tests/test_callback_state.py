@@ -280,3 +280,66 @@ def test_a_checkpoint_written_by_the_previous_release_resumes(tmp_path):
     assert trainer.strategy.batch_sizes == saved["batch_sizes"] == [8]
     state = hetero.state_dict()
     assert state["batches"] == saved["batches"] + 4 and state["version"] == STATE_VERSION
+
+
+# ---------------------------------------------------------------- portable checkpoints
+class _Indexed(pl.LightningModule):
+    """Trains on 40 indexed samples in loader batches of 4 and records the indices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.seen: list[int] = []
+
+    def train_dataloader(self):
+        data = torch.utils.data.TensorDataset(torch.arange(40), torch.randn(40, 2))
+        return DataLoader(data, batch_size=4)
+
+    def training_step(self, batch, batch_idx):
+        self.seen += batch[0].tolist()
+        return self.layer(batch[1]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _run(strategy, tmp_path: Path, max_steps: int, ckpt_path=None) -> tuple[_Indexed, Path]:
+    model = _Indexed()
+    saves = ModelCheckpoint(tmp_path / "saved", every_n_train_steps=3, save_top_k=-1)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy,
+        max_steps=max_steps,
+        callbacks=[saves],
+        logger=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, ckpt_path=ckpt_path)
+    assert trainer.global_step == max_steps
+    return model, tmp_path / "saved" / f"epoch=0-step={min(max_steps, 3)}.ckpt"
+
+
+def _hetero():
+    return HeteroStrategy(controller="static")
+
+
+@pytest.mark.parametrize("resume_under", ["auto", "ddp", "hetero"])
+def test_a_mid_epoch_hetero_checkpoint_resumes_under_any_strategy(tmp_path, resume_under):
+    # issue 40, failure 6: "The CombinedLoader has 0 stateful loaders, but found 1 states"
+    first, checkpoint = _run(_hetero(), tmp_path / "first", max_steps=3)
+    saved = torch.load(checkpoint, weights_only=False)
+    assert "combined_loader" not in saved["loops"]["fit_loop"]["state_dict"]
+    assert saved["lightning_hetero/train_loader"][0]["step"] == 3
+    strategy = _hetero() if resume_under == "hetero" else resume_under
+    resumed, _ = _run(strategy, tmp_path / "again", max_steps=10, ckpt_path=checkpoint)
+    if resume_under == "hetero":  # the epoch goes on where it stopped: each sample once
+        assert sorted(first.seen + resumed.seen) == list(range(40))
+
+
+def test_a_mid_epoch_ddp_checkpoint_resumes_under_hetero(tmp_path):
+    _, checkpoint = _run("ddp", tmp_path / "first", max_steps=3)
+    resumed, _ = _run(_hetero(), tmp_path / "again", max_steps=10, ckpt_path=checkpoint)
+    assert len(resumed.seen) == 7 * 4  # the epoch's 7 steps left, as under DDP

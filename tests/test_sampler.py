@@ -212,8 +212,32 @@ def test_the_state_of_an_ended_epoch_resumes_on_any_world_size():
     fresh = _loaders([5, 5, 5], epoch=0)[0]
     fresh.load_state_dict(state)  # nothing left of that epoch: the next starts afresh
     assert len(list(fresh)) == 4
-    with pytest.raises(ValueError, match=r"global batch of 16 \(\[16\]\).*is 15"):
-        fresh.load_state_dict({**state, "step": 2})
+    with pytest.warns(UserWarning, match="a global batch of 16.*global batch of 15.*starts over"):
+        fresh.load_state_dict({**state, "step": 2})  # another global batch: see below
+    assert len(list(fresh)) == 4
+
+
+@pytest.mark.parametrize(
+    ("samples", "plan", "changed"),
+    [(60, [10, 6], "samples"), (50, [8, 8, 8], "global batch"), (51, [10, 6], "samples")],
+)
+def test_a_mid_epoch_state_of_other_data_or_batch_starts_the_epochs_order_over(
+    samples, plan, changed
+):
+    # issue 40, failure 6: a changed training set (100 -> 120 samples) or global batch
+    # resumed at the saved step of a different order, silently
+    (saved,) = _loaders([16], samples=50)
+    iterator = iter(saved)
+    for _ in range(2):
+        next(iterator)
+    state = saved.state_dict()
+    assert state["samples"] == 50 and state["step"] == 2
+    for loader in _loaders(plan, samples=samples):
+        with pytest.warns(UserWarning, match="starts over") as record:
+            loader.load_state_dict(state)
+        assert len(record) == 1, changed
+        fresh = _loaders(plan, samples=samples)[loader.batch_sampler.rank]
+        assert [b.tolist() for b in loader] == [b.tolist() for b in fresh]  # from step 0
 
 
 def test_a_mid_epoch_state_goes_on_with_the_same_steps_on_another_number_of_ranks():

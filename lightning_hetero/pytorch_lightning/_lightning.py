@@ -11,7 +11,7 @@ upgrade touches this file only.
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning_fabric.plugins.environments import (
     ClusterEnvironment,
@@ -48,6 +48,8 @@ __all__ = [
     "set_logged_batch",
     "set_loop_counts",
     "settle_logged_metrics",
+    "stash_loader_states",
+    "unstash_loader_states",
 ]
 
 #: The Lightning versions these helpers were checked against (``>=`` floor, ``<`` ceiling).
@@ -286,3 +288,36 @@ def running_hook(module: "pl.LightningModule", name: str) -> Iterator[None]:
         yield
     finally:
         module._current_fx_name = previous
+
+
+#: Where a checkpoint of the hetero strategies keeps the training loader's position in the
+#: epoch: a key of its own, which Lightning's loops under any other strategy ignore.
+LOADER_STATES_KEY = "lightning_hetero/train_loader"
+
+
+def _loop_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict")
+    return state if isinstance(state, dict) else None
+
+
+def stash_loader_states(checkpoint: dict[str, Any]) -> None:
+    """Move the training loader's state out of the fit loop's (``combined_loader``, which
+    Lightning writes for a loader with a ``state_dict``) to ``LOADER_STATES_KEY``.
+
+    Lightning refuses to resume a checkpoint whose fit loop holds more loader states than
+    the run has stateful loaders ("The CombinedLoader has 0 stateful loaders, but found 1
+    states in the checkpoint"): under ``"ddp"``, ``"auto"`` or one device, the plain
+    loader has none. Kept apart, the state is ignored there and put back under the hetero
+    strategies (``unstash_loader_states``)."""
+    loop = _loop_state(checkpoint)
+    if loop is not None and "combined_loader" in loop:
+        checkpoint[LOADER_STATES_KEY] = loop.pop("combined_loader")
+
+
+def unstash_loader_states(checkpoint: dict[str, Any]) -> None:
+    """Put what ``stash_loader_states`` moved back where Lightning's fit loop reads it (before
+    the loops are restored: from ``Callback.on_load_checkpoint``)."""
+    states = checkpoint.pop(LOADER_STATES_KEY, None)
+    loop = _loop_state(checkpoint)
+    if states is not None and loop is not None:
+        loop["combined_loader"] = states
