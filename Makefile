@@ -30,12 +30,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-# unit tests and doctests (7.5 min on 2 idle cores, 43 min under heavy load: README.md)
+# unit tests and doctests (how long: docs/times.md)
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow and not multinode and not e2e and not ray"
 
 # the unit tests on the oldest versions pyproject.toml declares (constraints-oldest.txt);
-# about 8-12 min on 2 cores from nothing (install 1.5-4 min, tests 6-8.5 min)
+# (how long: docs/times.md)
 $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
 	rm -rf $(OLDEST_VENV)
 	$(PYTHON) -m venv $(OLDEST_VENV)
@@ -44,22 +44,22 @@ $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
 		$(OLDEST_PY) -m pip install --quiet -c constraints-oldest.txt -e '.[dev]'
 	touch $(OLDEST_STAMP)
 
-# The benchmark tooling's own tests (tests/test_bench_*.py: about 4 of those minutes, mostly
-# multi-process runs) are left out: the declared floors are the library's, and `make test`
+# The benchmark tooling's own tests (tests/test_bench_*.py, mostly multi-process runs) are
+# left out: the declared floors are the library's, and `make test`
 # runs those tests on the pinned versions
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_PY) -m pytest -m "not slow and not multinode and not e2e and not ray" \
 		--ignore-glob='tests/test_bench_*.py
 
-# multi-process training runs: tests/e2e and Lightning's own FSDP2 tests (about 44 min on 2
-# cores); the 15 slowest are listed at the end, to see where the time goes
+# multi-process training runs: tests/e2e and Lightning's own FSDP2 tests (how long:
+# docs/times.md); the 15 slowest are listed at the end, to see where the time goes
 test-e2e: $(STAMP)
 	$(PY) -m pytest -m "e2e and not slow" --durations=15
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
 
-# Ray Train on a local Ray cluster (tests/ray, about 5 min on 2 cores): the `ray` extra first
+# Ray Train on a local Ray cluster (tests/ray; how long: docs/times.md): the `ray` extra first
 RAY_STAMP := $(VENV)/.installed-ray
 $(RAY_STAMP): $(STAMP)
 	PYTHONWARNINGS="ignore:Editable installation" \

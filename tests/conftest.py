@@ -39,3 +39,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if _group(item) == 2 and item.path.parts[-2] == "e2e":
             item.add_marker(pytest.mark.e2e)
     items.sort(key=_group)  # stable: each file keeps its order
+
+
+#: ``make test``'s marker expression (the Makefile's); docs/times.md states its test count.
+MAKE_TEST_MARKERS = "not slow and not multinode and not e2e and not ray"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Note how many tests this session runs when it is ``make test``'s whole selection
+    (``config.make_test_count``, else ``None``), which tests/test_docs.py compares with the
+    count docs/times.md states, without collecting again."""
+    config = session.config
+    option = config.option
+    whole = (
+        config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and option.markexpr == MAKE_TEST_MARKERS
+        and not option.keyword
+        and not option.deselect
+        and not option.ignore_glob
+        and not getattr(option, "lf", False)
+        and not getattr(option, "failedfirst", False)
+    )
+    config.make_test_count = len(session.items) if whole else None  # type: ignore[attr-defined]
