@@ -12,7 +12,7 @@ with [`RunContext.single`][lightning_hetero.context.RunContext.single].
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,21 @@ from lightning_hetero._comm import HostStepTimer
 from lightning_hetero.collectives import Collectives
 from lightning_hetero.plan_state import PlanState
 
-__all__ = ["RunContext"]
+__all__ = ["RunContext", "StepLayout"]
+
+
+@runtime_checkable
+class StepLayout(Protocol):
+    """What the package's strategies (``HeteroEngine``) tell callbacks about their steps
+    (``Throttle``); here, so that a callback checks for it without importing the engine,
+    which imports the callbacks."""
+
+    #: Samples of the micro-batch running now (``None`` outside micro-batched steps).
+    micro_batch_samples: int | None
+
+    def step_samples(self, batch_idx: int) -> int | None:
+        """The samples the plan gives this rank in step ``batch_idx`` of the epoch (``b_k``);
+        ``None`` where the mode cannot tell before the step."""
 
 
 def _start() -> tuple[int, int]:

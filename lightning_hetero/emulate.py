@@ -5,27 +5,24 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from numbers import Real
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
-if TYPE_CHECKING:
-    from lightning_hetero.engine import HeteroEngine
+from lightning_hetero.context import StepLayout
 
 __all__ = ["Throttle"]
 
 _MIN_NOISE_FACTOR = 0.05  # as the simulator: a delay never shrinks below 5% of itself
 
 
-def _hetero(trainer: "pl.Trainer") -> "HeteroEngine | None":
+def _hetero(trainer: "pl.Trainer") -> StepLayout | None:
     """The trainer's strategy where it is one of the package's (``None`` for DDP and others)."""
-    from lightning_hetero.engine import HeteroEngine  # the engine imports this module
-
     strategy = trainer.strategy
-    return strategy if isinstance(strategy, HeteroEngine) else None
+    return strategy if isinstance(strategy, StepLayout) else None
 
 
 def _number(value: Any) -> bool:
