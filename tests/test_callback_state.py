@@ -286,13 +286,15 @@ def test_a_checkpoint_written_by_the_previous_release_resumes(tmp_path):
 class _Indexed(pl.LightningModule):
     """Trains on 40 indexed samples in loader batches of 4 and records the indices."""
 
-    def __init__(self) -> None:
+    def __init__(self, samples: int = 40) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(2, 1)
         self.seen: list[int] = []
+        self.samples = samples
 
     def train_dataloader(self):
-        data = torch.utils.data.TensorDataset(torch.arange(40), torch.randn(40, 2))
+        n = self.samples
+        data = torch.utils.data.TensorDataset(torch.arange(n), torch.randn(n, 2))
         return DataLoader(data, batch_size=4)
 
     def training_step(self, batch, batch_idx):
@@ -303,8 +305,8 @@ class _Indexed(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def _run(strategy, tmp_path: Path, max_steps: int, ckpt_path=None) -> tuple[_Indexed, Path]:
-    model = _Indexed()
+def _run(strategy, tmp_path: Path, max_steps: int, ckpt_path=None, samples=40):
+    model = _Indexed(samples)
     saves = ModelCheckpoint(tmp_path / "saved", every_n_train_steps=3, save_top_k=-1)
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -343,3 +345,12 @@ def test_a_mid_epoch_ddp_checkpoint_resumes_under_hetero(tmp_path):
     _, checkpoint = _run("ddp", tmp_path / "first", max_steps=3)
     resumed, _ = _run(_hetero(), tmp_path / "again", max_steps=10, ckpt_path=checkpoint)
     assert len(resumed.seen) == 7 * 4  # the epoch's 7 steps left, as under DDP
+
+
+def test_a_mid_epoch_resume_on_a_longer_training_set_starts_the_order_over(tmp_path):
+    _, checkpoint = _run(_hetero(), tmp_path / "first", max_steps=3)
+    with pytest.warns(UserWarning, match="40 training samples.*48 samples.*starts over"):
+        resumed, _ = _run(_hetero(), tmp_path / "again", 12, ckpt_path=checkpoint, samples=48)
+    fresh, _ = _run(_hetero(), tmp_path / "fresh", max_steps=1, samples=48)
+    assert resumed.seen[:4] == fresh.seen  # from the start of the new order
+    assert len(resumed.seen) == 9 * 4  # the epoch's steps Lightning has left
