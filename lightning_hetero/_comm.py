@@ -69,6 +69,7 @@ class HostStepTimer:
         self._waits: list[tuple[Any, Any]] = []
         self._waits_in_step = 0  # wait segments that began before the last end mark
         self._extra_wait_s = 0.0  # waits measured elsewhere, in seconds
+        self._waiting_depth = 0  # open ``waiting`` blocks: nested ones count once
 
     def _now(self) -> Any:
         return time.perf_counter()
@@ -122,14 +123,17 @@ class HostStepTimer:
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
-        """Time the block (a collective) as waiting, if it lies inside a step's cycle."""
-        if self._start is None and self._cycle_begin is None:
+        """Time the block (a collective) as waiting, if it lies inside a step's cycle (a
+        block inside another is the outer one's)."""
+        if self._waiting_depth or (self._start is None and self._cycle_begin is None):
             yield
             return
         begin = self._now()
+        self._waiting_depth += 1
         try:
             yield
         finally:
+            self._waiting_depth -= 1
             if self._start is not None or self._cycle_begin is not None:
                 self._waits.append((begin, self._now()))
 

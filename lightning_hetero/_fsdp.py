@@ -1,4 +1,4 @@
-"""Time that an FSDP2 rank spends blocked in FSDP's collectives (pure torch).
+"""Time that an FSDP2 rank spends blocked in collectives, FSDP's and others' (pure torch).
 
 Under FSDP2 (``torch.distributed.fsdp.fully_shard``) every rank meets the others inside
 the step: the all-gathers before each group's forward and backward, and the
@@ -36,6 +36,23 @@ restores the originals exactly:
     called from ``FSDPState._root_post_backward_final_callback`` at the end of the last
     backward; on an accelerator the compute stream waits here for the outstanding
     reduce-scatters. On CPU it does not block.
+
+``FSDPState._root_post_backward_final_callback`` (site ``root_post_backward``)
+    FSDP's end-of-backward callback: runs the ``post_backward`` of groups whose inputs
+    needed no gradient (token ids) and ``finalize_backward``; on an accelerator the compute
+    stream waits here for the last reduce-scatters. Wrapped on every state (FSDP queues
+    the callback of whichever state's pre-backward hook fires first).
+
+Waits at their source (``collectives=True``, the default): every ``torch.distributed``
+collective is waited on through ``Work.wait`` (a synchronous call waits on its own work in
+Python, on gloo as on NCCL) or, for functional collectives (DTensor: the gradient norm of
+``clip_grad_norm_``), ``_functional_collectives.wait_tensor``. While a meter is installed
+both are replaced by timing versions that measure the waits of the thread that installed it
+(and any wait inside a wrapped method), and restored after the last meter is removed. So a
+collective that is not FSDP's (an all-reduce of your own, Lightning's per-step SIGTERM
+broadcast) counts as wait too. Each call goes to one *site*: a wrapped method, or
+``wait:<function that waited>``; a site holds its own time, the calls measured inside it
+going to theirs, so the sites add up to the time blocked (``WaitStats.by_site``).
 
 These four names exist with these meanings in every FSDP2 release. Checked by reading
 the source of: an early FSDP2 snapshot (``torch/distributed/_composable/fsdp``, the
@@ -93,12 +110,14 @@ rejects in backward ("Cannot use ReduceOp.PREMUL_SUM with Gloo"); combine it wit
 (``factor=1.0``: a plain sum, e.g. of losses pre-scaled by ``b_k / B``).
 
 Thread safety: backward hooks can run on an autograd worker thread (accelerators), so
-the totals are guarded by a lock; nested calls (one measured method inside another, on
-the same thread) count once.
+the totals are guarded by a lock; nested calls (one measured call inside another, on the
+same thread) count once: on the host clock each site keeps its own part, on the device
+clock the outermost call keeps all of it.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import warnings
@@ -111,6 +130,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "STATE_METHODS",
     "WAIT_METHODS",
     "CollectiveWaitMeter",
     "FSDPWaitMeterWarning",
@@ -126,6 +146,9 @@ WAIT_METHODS: tuple[str, ...] = (
     "finalize_backward",
 )
 
+#: The root ``FSDPState`` methods timed as a site of their own (name -> site).
+STATE_METHODS: dict[str, str] = {"_root_post_backward_final_callback": "root_post_backward"}
+
 
 class FSDPWaitMeterWarning(UserWarning):
     """FSDP2's internals are not where ``CollectiveWaitMeter`` expects them."""
@@ -136,9 +159,20 @@ class WaitStats:
     """What ``CollectiveWaitMeter.take_stats`` returns for one interval (a step).
 
     Attributes:
-        wait_s: seconds blocked in FSDP's collectives.
-        by_method: the same split by wrapped method (``"unshard"`` etc.).
-        calls: measured calls (nested ones counted once).
+        wait_s: seconds blocked in collectives (FSDP's and, with ``collectives=True``, any
+            other waited on by this thread).
+        by_site: the same split by site, each site's own time (what a site calls that is
+            itself measured goes to that site): the wrapped methods (``"unshard"``,
+            ``"wait_for_unshard"``, ``"post_backward"``, ``"finalize_backward"``,
+            ``"root_post_backward"``: FSDP's copies around the collectives, stream waits)
+            and ``"wait:<caller>"`` for each ``torch.distributed`` work waited on, named by
+            the function that waited (``"wait:all_gather_into_tensor"``,
+            ``"wait:reduce_scatter_tensor"``, ``"wait:broadcast"``, ``"wait:all_reduce"``,
+            ``"wait:foreach_all_gather_copy_out"``, ...) or ``"wait:functional"`` (a
+            functional collective's ``wait_tensor``, e.g. DTensor's gradient norm).
+            ``wait_s`` is their sum. On the device clock only outermost calls are timed,
+            so a site holds what it called.
+        calls: measured outermost calls.
         grads_ready_at: ``time.perf_counter()`` when the *last* ``post_backward`` of the
             interval started: this rank's last local gradients exist and it enters the
             final reduce-scatter (``None`` if no backward ran). Unlike DDP this is *not*
@@ -150,7 +184,7 @@ class WaitStats:
     """
 
     wait_s: float = 0.0
-    by_method: dict[str, float] = field(default_factory=dict)
+    by_site: dict[str, float] = field(default_factory=dict)
     calls: int = 0
     grads_ready_at: float | None = None
 
@@ -183,17 +217,113 @@ def fsdp_param_groups(module: nn.Module) -> list[Any]:
     return groups
 
 
+def _fsdp_states(module: nn.Module) -> list[Any]:
+    """The FSDP2 states (``FSDPState``) of the modules under ``module``, each once."""
+    states: list[Any] = []
+    for sub in module.modules():
+        get_state = getattr(sub, "_get_fsdp_state", None)
+        try:
+            state = get_state() if callable(get_state) else None
+        except Exception:
+            state = None
+        if state is not None and all(state is not seen for seen in states):
+            states.append(state)
+    return states
+
+
+# ---------------------------------------------------------------- waits at their source
+# Every torch.distributed collective is waited on through ``Work.wait`` (a synchronous call
+# waits on its work in Python, on gloo and NCCL alike) or, for functional collectives
+# (DTensor), ``wait_tensor``. While a meter with ``collectives=True`` is installed both are
+# replaced by the timing versions below; the originals are restored after the last meter.
+_SOURCES_LOCK = threading.Lock()
+_SOURCE_METERS: list[CollectiveWaitMeter] = []
+_SOURCE_ORIGINALS: dict[str, Callable[..., Any]] = {}
+
+
+def _source_targets() -> list[tuple[Any, str, str, Callable[..., Any]]]:
+    """(owner, attribute, key, timing replacement) of each source patched."""
+    import torch.distributed as dist
+
+    targets: list[tuple[Any, str, str, Callable[..., Any]]] = []
+    work = getattr(getattr(dist, "distributed_c10d", None), "Work", None)
+    if work is not None and callable(getattr(work, "wait", None)):
+        targets.append((work, "wait", "Work.wait", _timed_work_wait))
+    try:
+        import torch.distributed._functional_collectives as functional
+    except Exception:  # pragma: no cover - every supported torch has it
+        functional = None
+    if functional is not None and callable(getattr(functional, "wait_tensor", None)):
+        targets.append((functional, "wait_tensor", "wait_tensor", _timed_wait_tensor))
+    return targets
+
+
+def _attach_sources(meter: CollectiveWaitMeter) -> None:
+    with _SOURCES_LOCK:
+        _SOURCE_METERS.append(meter)
+        if len(_SOURCE_METERS) > 1:
+            return
+        try:
+            if not torch.distributed.is_available():
+                return
+            for owner, name, key, replacement in _source_targets():
+                _SOURCE_ORIGINALS[key] = getattr(owner, name)
+                setattr(owner, name, replacement)
+        except Exception as err:  # never break training
+            meter._warn(f"cannot time collective waits at their source ({err!r}).")
+
+
+def _detach_sources(meter: CollectiveWaitMeter) -> None:
+    with _SOURCES_LOCK:
+        if meter in _SOURCE_METERS:
+            _SOURCE_METERS.remove(meter)
+        if _SOURCE_METERS or not _SOURCE_ORIGINALS:
+            return
+        try:
+            for owner, name, key, replacement in _source_targets():
+                original = _SOURCE_ORIGINALS.get(key)  # kept: a call under way still needs it
+                if original is not None and getattr(owner, name, None) is replacement:
+                    setattr(owner, name, original)
+        except Exception:
+            pass
+
+
+def _through_meters(site: str, key: str, args: tuple, kwargs: dict) -> Any:
+    call: Callable[..., Any] = _SOURCE_ORIGINALS[key]
+    for meter in [m for m in list(_SOURCE_METERS) if m._waits_here()]:
+        call = _bound_timed(meter, site, call)
+    return call(*args, **kwargs)
+
+
+def _bound_timed(meter: CollectiveWaitMeter, site: str, call: Callable[..., Any]) -> Callable:
+    return lambda *args, **kwargs: meter._timed(site, call, args, kwargs)
+
+
+def _timed_work_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Work.wait``, timed as the site ``wait:<the function that waited>``."""
+    site = "wait:" + sys._getframe(1).f_code.co_name
+    return _through_meters(site, "Work.wait", (work, *args), kwargs)
+
+
+def _timed_wait_tensor(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    """``_functional_collectives.wait_tensor``, timed as the site ``wait:functional``."""
+    return _through_meters("wait:functional", "wait_tensor", (tensor, *args), kwargs)
+
+
 _MISSING = object()
 
 
 class _Wrapper:
     """The per-instance replacement of one FSDPParamGroup method."""
 
-    __slots__ = ("meter", "name", "original", "group", "previous", "active", "__wrapped__")
+    __slots__ = ("meter", "name", "site", "original", "group", "previous", "active", "__wrapped__")
 
-    def __init__(self, meter: CollectiveWaitMeter, name: str, original: Callable, group: Any):
+    def __init__(
+        self, meter: CollectiveWaitMeter, name: str, original: Callable, group: Any, site: str
+    ):
         self.meter = meter
         self.name = name
+        self.site = site
         self.original = original
         self.group = group
         # what the instance held before us (another meter's wrapper), restored by remove()
@@ -208,11 +338,11 @@ class _Wrapper:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.active:
             return self.original(*args, **kwargs)
-        return self.meter._timed(self.name, self.original, self.group, args, kwargs)
+        return self.meter._timed(self.site, self.original, args, kwargs)
 
 
 class CollectiveWaitMeter:
-    """Accumulate the seconds this process spends blocked in FSDP2's collectives.
+    """Accumulate the seconds this process spends blocked in FSDP2's (and other) collectives.
 
     Usage:
 
@@ -235,6 +365,11 @@ class CollectiveWaitMeter:
         segment: optional factory of a context manager entered around every measured
             (outermost) call, e.g. ``timer.waiting`` of a step timer that records wait
             segments itself; the meter's own totals are kept as well.
+        collectives: also time every ``torch.distributed`` work and functional collective
+            waited on by the thread that called ``install`` (outside FSDP's methods too: a
+            gradient-norm all-reduce, Lightning's per-step broadcast, your own
+            collectives), at the source: ``Work.wait`` and ``wait_tensor``, patched on
+            their class/module while a meter is installed and restored after the last.
 
     See the module docstring for the torch internals it relies on and how it degrades.
     """
@@ -243,11 +378,14 @@ class CollectiveWaitMeter:
         self,
         clock: Literal["auto", "host", "device"] = "auto",
         segment: Callable[[], AbstractContextManager[Any]] | None = None,
+        collectives: bool = True,
     ) -> None:
         if clock not in ("auto", "host", "device"):
             raise ValueError(f"`clock` must be 'auto', 'host' or 'device', got {clock!r}.")
         self.clock = clock
         self.segment = segment
+        self.collectives = collectives
+        self._thread: int | None = None  # the thread whose collective waits are timed
         self._lock = threading.Lock()
         self._local = threading.local()
         self._wrappers: list[_Wrapper] = []
@@ -280,17 +418,14 @@ class CollectiveWaitMeter:
         missing: set[str] = set()
         for group in groups:
             for name in WAIT_METHODS:
-                original = getattr(group, name, None)
-                if not callable(original):
+                if not self._wrap(group, name, name):
                     missing.add(name)
-                    continue
-                wrapper = _Wrapper(self, name, original, group)
-                try:
-                    setattr(group, name, wrapper)
-                except Exception:
-                    missing.add(name)
-                    continue
-                self._wrappers.append(wrapper)
+        for state in _fsdp_states(module):  # only the root's callback is ever queued
+            for name, site in STATE_METHODS.items():
+                self._wrap(state, name, site)
+        if self.collectives and self._thread is None:
+            self._thread = threading.get_ident()
+            _attach_sources(self)
         if missing:
             self._warn(
                 f"FSDPParamGroup lacks {sorted(missing)} in torch {torch.__version__}; the"
@@ -298,8 +433,23 @@ class CollectiveWaitMeter:
             )
         return self
 
+    def _wrap(self, target: Any, name: str, site: str) -> bool:
+        original = getattr(target, name, None)
+        if not callable(original):
+            return False
+        wrapper = _Wrapper(self, name, original, target, site)
+        try:
+            setattr(target, name, wrapper)
+        except Exception:
+            return False
+        self._wrappers.append(wrapper)
+        return True
+
     def remove(self) -> None:
         """Restore every wrapped method (later installs by others are left intact)."""
+        if self._thread is not None:
+            _detach_sources(self)
+            self._thread = None
         for wrapper in reversed(self._wrappers):
             wrapper.active = False  # pass-through if someone wrapped on top of us
             try:
@@ -326,8 +476,8 @@ class CollectiveWaitMeter:
 
     @property
     def active(self) -> bool:
-        """Whether any FSDP method is being measured."""
-        return bool(self._wrappers)
+        """Whether any FSDP method (or collective wait) is being measured."""
+        return bool(self._wrappers) or self._thread is not None
 
     # -------------------------------------------------------------------- read
     def take(self, synchronize: bool = True) -> float:
@@ -335,7 +485,7 @@ class CollectiveWaitMeter:
         return self.take_stats(synchronize).wait_s
 
     def take_stats(self, synchronize: bool = True) -> WaitStats:
-        """Like ``take``, with the split by method, call count and gradient-ready mark.
+        """Like ``take``, with the split by site, call count and gradient-ready mark.
 
         With ``clock="device"``, ``synchronize=True`` waits for the recorded events to
         complete; ``False`` reads only completed ones and keeps the rest for later.
@@ -343,8 +493,8 @@ class CollectiveWaitMeter:
         self._drain_events(synchronize)
         with self._lock:
             stats = WaitStats(
-                wait_s=sum(self._by_method.values(), 0.0),
-                by_method=dict(self._by_method),
+                wait_s=sum(self._by_site.values(), 0.0),
+                by_site=dict(self._by_site),
                 calls=self._calls,
                 grads_ready_at=self._grads_ready_at,
             )
@@ -355,7 +505,7 @@ class CollectiveWaitMeter:
         """Seconds measured so far (host clock, or device events already completed)."""
         self._drain_events(False)
         with self._lock:
-            return sum(self._by_method.values(), 0.0)
+            return sum(self._by_site.values(), 0.0)
 
     def reset(self) -> None:
         """Forget what was measured (pending device events included)."""
@@ -365,7 +515,7 @@ class CollectiveWaitMeter:
 
     # -------------------------------------------------------------- internals
     def _reset(self) -> None:
-        self._by_method: dict[str, float] = {}
+        self._by_site: dict[str, float] = {}
         self._calls = 0
         self._grads_ready_at: float | None = None
 
@@ -390,21 +540,30 @@ class CollectiveWaitMeter:
         self._device_mode = True
         self._device_handle = handle
 
-    def _timed(self, name: str, original: Callable, group: Any, args: tuple, kwargs: dict) -> Any:
-        depth = getattr(self._local, "depth", 0)
-        if depth:  # nested inside another measured call: counted by the outer one
+    def _timed(self, site: str, original: Callable, args: tuple, kwargs: dict) -> Any:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        if stack and self._device_mode:  # device clock: the outermost call holds it
             return original(*args, **kwargs)
-        if name == "post_backward":
+        if site == "post_backward":
             self._grads_ready_at = time.perf_counter()
-        self._local.depth = 1
+        frame = [0.0]  # seconds of measured calls nested in this one
+        stack.append(frame)
+        outermost = len(stack) == 1
         start = self._mark()
-        segment = self._enter_segment()
+        segment = self._enter_segment() if outermost else None
         try:
             return original(*args, **kwargs)
         finally:
-            self._local.depth = 0
-            self._exit_segment(segment)
-            self._record(name, start)
+            stack.pop()
+            if outermost:
+                self._exit_segment(segment)
+            self._record(site, start, frame[0], stack[-1] if stack else None)
+
+    def _waits_here(self) -> bool:
+        """Whether a collective waited on by the current thread is this meter's to time."""
+        return threading.get_ident() == self._thread or bool(getattr(self._local, "stack", None))
 
     def _mark(self) -> Any:
         try:
@@ -417,7 +576,7 @@ class CollectiveWaitMeter:
             return None
         return time.perf_counter()
 
-    def _record(self, name: str, start: Any) -> None:
+    def _record(self, name: str, start: Any, nested_s: float, parent: list[float] | None) -> None:
         try:
             if start is None:
                 return
@@ -430,9 +589,11 @@ class CollectiveWaitMeter:
                     self._calls += 1
                 return
             elapsed = time.perf_counter() - start
+            if parent is not None:  # the caller's site does not hold this call's time
+                parent[0] += elapsed
             with self._lock:
-                self._by_method[name] = self._by_method.get(name, 0.0) + elapsed
-                self._calls += 1
+                self._by_site[name] = self._by_site.get(name, 0.0) + elapsed - nested_s
+                self._calls += parent is None
         except Exception as err:
             self._bookkeeping_error(err)
 
@@ -450,7 +611,7 @@ class CollectiveWaitMeter:
                 end.synchronize()
                 elapsed = start.elapsed_time(end) / 1e3
                 with self._lock:
-                    self._by_method[name] = self._by_method.get(name, 0.0) + elapsed
+                    self._by_site[name] = self._by_site.get(name, 0.0) + elapsed
         except Exception as err:
             self._bookkeeping_error(err)
         if pending:

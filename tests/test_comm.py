@@ -73,6 +73,16 @@ def test_waits_after_a_steps_end_belong_to_the_next_cycle():
     assert timer.collect() == [(2, 2.0, 1.0, False, 0), (2, 8.5, 0.5, True, 0)]
 
 
+def test_a_wait_inside_another_counts_once():
+    # a sync_dist reduction (timed as waiting) whose collective the FSDP meter also times
+    timer = FakeClockTimer([0.0, 1.0, 3.0, 4.0])
+    timer.start(batch_size=2)
+    with timer.waiting(), timer.waiting():  # 1.0 - 3.0; the inner block reads no clock
+        pass
+    timer.step_done()  # 4.0
+    assert timer.collect() == [(2, 2.0, 2.0, False, 0)]
+
+
 def test_a_break_makes_the_next_step_start_at_its_batch():
     # validation (or a new epoch) between two steps is not the second step's cost
     timer = FakeClockTimer([0.0, 1.0, 7.0, 7.5, 8.0])

@@ -1,17 +1,45 @@
 """Synchronous data parallelism over a sharded model (FSDP2), gradients weighted by share."""
 
+import os
+import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 
 import torch
 from torch.nn.modules.batchnorm import _NormBase
 
-from lightning_hetero._fsdp import CollectiveWaitMeter
+from lightning_hetero._fsdp import CollectiveWaitMeter, WaitStats
 from lightning_hetero.localsgd import weighted_average_
 from lightning_hetero.modes.base import Mode
 
-__all__ = ["RootRedirect", "ShardedMode", "norm_buffers"]
+__all__ = ["WAITS_ENV", "RootRedirect", "ShardedMode", "norm_buffers", "wait_report_every"]
+
+#: Environment variable: ``N`` prints every rank's seconds at each collective site every
+#: ``N`` training batches (``1``: each).
+WAITS_ENV = "LIGHTNING_HETERO_FSDP_WAITS"
+
+
+def wait_report_every(environ: dict[str, str] | None = None) -> int:
+    """Every how many batches to print the collective sites' times (``WAITS_ENV``); 0: never."""
+    value = (os.environ if environ is None else environ).get(WAITS_ENV, "").strip()
+    if not value:
+        return 0
+    try:
+        every = int(value)
+    except ValueError:
+        raise ValueError(
+            f"{WAITS_ENV}={value!r}: expected a whole number of batches (1: every batch),"
+            f" or unset it."
+        ) from None
+    return max(every, 0)
+
+
+def format_waits(rank: int, batch: int, stats: WaitStats) -> str:
+    """One line of the per-site dump: this rank's seconds at each collective site."""
+    sites = sorted(stats.by_site.items(), key=lambda item: -item[1])
+    parts = ", ".join(f"{site} {seconds:.4f}" for site, seconds in sites)
+    return f"hetero FSDP waits, rank {rank}, batch {batch}: {stats.wait_s:.4f} s ({parts})"
 
 
 class RootRedirect:
@@ -128,8 +156,11 @@ class ShardedMode(Mode):
 
     Timing: under FSDP every rank waits for the others inside forward and backward (each
     layer's all-gather, each reduce-scatter). The time this rank spends blocked in those
-    waits is measured (``CollectiveWaitMeter``) and counted as
-    waiting, so a rank's compute time is its own however slow the others are.
+    waits, and in any other collective it waits on during a step (a gradient-norm
+    all-reduce, Lightning's per-step broadcast), is measured (``CollectiveWaitMeter``) and
+    recorded as a wait segment of the step timer, so a rank's compute time is its own however
+    slow the others are. ``LIGHTNING_HETERO_FSDP_WAITS=N`` prints each rank's seconds per
+    collective site every ``N`` batches.
     """
 
     name: ClassVar[str] = "bsp"
@@ -143,14 +174,26 @@ class ShardedMode(Mode):
         super().__init__(*args, **kwargs)
         self.meter: CollectiveWaitMeter | None = None
         self.redirect = RootRedirect()
+        self.report_every = 0
+        self._batches = 0
 
     def register_hooks(self, model: Any) -> None:
-        self.meter = CollectiveWaitMeter()
+        self.report_every = wait_report_every()
+        self.meter = CollectiveWaitMeter(segment=self._waiting)
         self.meter.install(model)
+
+    def _waiting(self) -> AbstractContextManager[Any]:
+        # each wait is a segment of the step timer, which gives it to the step whose cycle
+        # holds it (after a backward too: the optimizer step's, the next batch's broadcast)
+        return self.ctx.timer.waiting()
 
     def on_train_batch_start(self, batch_idx: int) -> None:
         if self.meter is not None:
-            self.meter.take()  # waits before the step (e.g. validation's) are not this step's
+            stats = self.meter.take_stats()  # since the previous batch began
+            every, done = self.report_every, self._batches
+            if every and done and stats.calls and done % every == 0:
+                print(format_waits(self.ctx.rank, done - 1, stats), file=sys.stderr, flush=True)
+            self._batches += 1
         super().on_train_batch_start(batch_idx)
 
     def backward(
@@ -160,12 +203,6 @@ class ShardedMode(Mode):
             output = run(self.scale_loss(self.redirect.mark_output(loss)))
         self.redirect.regather()
         return output
-
-    def post_backward(self) -> None:
-        ctx = self.ctx
-        if self.meter is not None:
-            ctx.timer.add_wait(self.meter.take())
-        ctx.timer.backward_done()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
         output = super().optimizer_step(optimizer, run)

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
+from pytorch_lightning.callbacks import GradientAccumulationScheduler
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from lightning_utilities.core.rank_zero import rank_zero_info
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -32,6 +33,7 @@ from lightning_hetero.pytorch_lightning._data import (
     with_batch_sampler,
 )
 from lightning_hetero.pytorch_lightning._lightning import (
+    LOOP_COUNTS,
     check_own_sigterm_only,
     in_training_batch,
     name_unused_parameters_fix,
@@ -39,6 +41,7 @@ from lightning_hetero.pytorch_lightning._lightning import (
     running_hook,
     set_logged_batch,
     set_loop_counts,
+    set_validation_steps,
 )
 from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.pytorch_lightning.callback import HeteroCallback
@@ -46,15 +49,18 @@ from lightning_hetero.collectives import Collectives, destroy_at_exit, is_mean, 
 from lightning_hetero.context import RunContext
 from lightning_hetero.pytorch_lightning.emulate import Throttle
 from lightning_hetero.microbatch import (
+    FirstSamples,
     check_micro_batch_size,
     converted_accumulation,
+    ddp_loader_batches,
+    limited_batches,
     local_metric_syncs,
     micro_bounds,
     micro_sizes,
     note_collective_in_micro_batch,
-    per_step_count,
     split_batch,
     step_loss,
+    validates_after,
 )
 from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
@@ -186,6 +192,11 @@ class HeteroEngine:
         # the Trainer whose loop counts this run set, and the user's values, put back at teardown
         self._user_loop_counts: tuple[Any, dict[str, int | float]] | None = None
         self._reload_after_setup = False  # the training data was loaded before that
+        # accumulation taken over: the user's `val_check_interval` and
+        # `limit_train_batches`, and DDP's loader batches per epoch and validation interval
+        self._ddp_counts: tuple[Any, Any] = (1.0, 1.0)
+        self._ddp_batches, self._ddp_every = 0, None
+        self._undo_validation: Callable[[], None] | None = None
 
     # ---------------------------------------------------------------- public state
     @property
@@ -355,7 +366,9 @@ class HeteroEngine:
         seen), so the share follows the speeds; Lightning runs with accumulation 1 and its
         batch counts become optimizer steps (see docs/memory.md, "the accumulation story").
         Elsewhere each accumulated batch is planned on its own, as before, and
-        ``micro_batch_size`` beside accumulation is refused.
+        ``micro_batch_size`` beside accumulation is refused. Beside a
+        ``GradientAccumulationScheduler`` nothing is taken over: Lightning refuses
+        ``accumulate_grad_batches`` with it itself (at the start of training).
         """
         state = self.plan_state
         state.accumulation = 1
@@ -365,6 +378,8 @@ class HeteroEngine:
         mode = self.training_mode
         if not self.lightning_module.automatic_optimization:
             return  # Lightning refuses accumulation with manual optimization itself
+        if any(isinstance(cb, GradientAccumulationScheduler) for cb in trainer.callbacks):
+            return  # Lightning refuses it beside `accumulate_grad_batches` (on_train_start)
         if not mode.takes_over_accumulation:
             if self.micro_batch_size is not None and accumulate != 1:
                 raise ValueError(
@@ -380,10 +395,13 @@ class HeteroEngine:
         )
         if accumulate == 1:
             return
-        counts: dict[str, int | float] = {"accumulate_grad_batches": 1}
-        for name in ("val_check_interval", "limit_train_batches"):
-            counts[name] = per_step_count(name, getattr(trainer, name), accumulate)
+        # counted in loader batches as under DDP: each epoch's are set once its loader is
+        # known (`_loop_counts_in_steps`); validation at DDP's optimizer steps
+        self._ddp_counts = (trainer.val_check_interval, trainer.limit_train_batches)
+        counts = {name: getattr(trainer, name) for name in LOOP_COUNTS}
         self._user_loop_counts = (trainer, set_loop_counts(trainer, counts))
+        trainer.accumulate_grad_batches = 1
+        self._undo_validation = set_validation_steps(trainer, self._validates_after)
         state.accumulation = accumulate
         rank_zero_info(
             f"hetero: `accumulate_grad_batches={accumulate}` runs as one global batch of"
@@ -442,6 +460,20 @@ class HeteroEngine:
                 " size, and run all but the last in"
                 " `self.trainer.strategy.block_backward_sync()`."
             )
+        schedulers = [
+            cb for cb in trainer.callbacks if isinstance(cb, GradientAccumulationScheduler)
+        ]
+        if schedulers:
+            # it sets the Trainer's accumulation per epoch, which micro-batches would multiply
+            raise ValueError(
+                f"{type(self).__name__}(micro_batch_size={self.micro_batch_size!r}) plans the"
+                " samples of each optimizer step, and the Trainer's"
+                f" `{type(schedulers[0]).__name__}` would accumulate several such steps again,"
+                " by epoch. Remove the callback and plan each epoch's optimizer step as one"
+                " global batch: HeteroStrategy(global_batch_size=<samples per optimizer step>,"
+                " micro_batch_size=<samples a rank holds at once>); or remove"
+                " `micro_batch_size` (each accumulated batch is then planned on its own)."
+            )
 
     def _lightning_setup(self, trainer: "pl.Trainer") -> None:
         """The Lightning strategy's own ``setup`` (a strategy replaces it where Lightning's
@@ -463,8 +495,10 @@ class HeteroEngine:
         seed = check_training_loader(dataloader)
         assert isinstance(dataloader, DataLoader)
         state = self.plan_state
+        cut = None  # the epoch's samples, where `limit_train_batches` cuts it (taken over)
         if state.accumulation > 1:  # the loader batch is what a rank held under DDP
             self.micro_bounds = [dataloader.batch_size or 1] * self.world_size
+            cut = self._loop_counts_in_steps(trainer, dataloader)
         if state.plan is None and not self._optimizers_ready:
             # Loaded inside `setup` (see there): Lightning needs only the number of steps,
             # which an even split of the same global batch already has.
@@ -478,6 +512,8 @@ class HeteroEngine:
                 state.plan = self.training_mode.rescaled_plan() or state.rescaled(self.world_size)
             plan = state.plan
         epochs = epoch_order(dataloader.dataset, self.shuffle, seed, sum(plan))
+        if cut is not None:
+            epochs = FirstSamples(epochs, cut)
         # every batch, the last of an epoch or mega-batch too, has at least the lower bound
         sampler = self.training_mode.batch_sampler(
             epochs, plan, dataloader.drop_last, state.lower()
@@ -485,6 +521,47 @@ class HeteroEngine:
         if self.training_mode.even_steps:
             refuse_unequal_steps([int(row[0]) for row in self.gather_rows([len(sampler)])])
         return with_batch_sampler(dataloader, sampler)
+
+    def _loop_counts_in_steps(self, trainer: "pl.Trainer", loader: DataLoader) -> int | None:
+        """Lightning's loop counts for an epoch of ``loader`` with accumulation taken over
+        (one loop batch per optimizer step), from the user's counts of loader batches as DDP
+        applies them; returns the samples of an epoch that ``limit_train_batches`` cuts.
+
+        DDP's epoch has ``n`` loader batches per rank (after ``limit_train_batches``, an int
+        or a fraction), ``ceil(n / N)`` optimizer steps, the last a partial window where
+        ``N`` does not divide ``n``: the strategy's epoch is its first ``n * b * K`` samples,
+        whose last global batch is that window. Validation follows DDP's loader-batch count
+        (``_validates_after``); Lightning's own counts are left at the whole epoch.
+        """
+        batch = loader.batch_size or 1
+        full = ddp_loader_batches(len(loader.dataset), self.world_size, batch, loader.drop_last)
+        every, limit = self._ddp_counts
+        batches = limited_batches(full, limit)
+        self._ddp_batches, self._ddp_every = batches, None
+        if isinstance(every, float) and batches:
+            self._ddp_every = max(1, int(batches * every))
+        elif isinstance(every, int) and not isinstance(every, bool):
+            self._ddp_every = every
+            if every > batches and trainer.check_val_every_n_epoch is not None:
+                trainer.val_check_interval = every  # Lightning refuses it, as under DDP
+                every = None
+        if self._ddp_every is not None and every is not None:
+            trainer.val_check_interval = 1.0  # the decision is `_validates_after`'s
+        if not batches:
+            return None  # Lightning's own rules for an empty epoch (refused, or skipped)
+        trainer.limit_train_batches = 1.0
+        return batches * batch * self.world_size if batches < full else None
+
+    def _validates_after(self, batch_idx: int) -> bool | None:
+        """Whether DDP, with the accumulation taken over, validates after the optimizer step
+        of loop batch ``batch_idx`` (``None``: Lightning's own rule applies)."""
+        trainer = self.lightning_module.trainer
+        if self.plan_state.accumulation == 1 or self._ddp_every is None:
+            return None
+        batches = self._ddp_batches
+        offset = trainer.current_epoch * batches if trainer.check_val_every_n_epoch is None else 0
+        accumulate = self.plan_state.accumulation
+        return validates_after(batch_idx + 1, batches, accumulate, self._ddp_every, offset)
 
     def _first_plan(self, loader: DataLoader) -> list[int]:
         """Probe (``max_batch_size="auto"``, the mode's own) and make the first plan."""
@@ -597,10 +674,18 @@ class HeteroEngine:
         *args: Any,
         **kwargs: Any,
     ) -> torch.Tensor:
+        """The mode's backward; after a micro-batched step's first backward, each of the
+        step's other micro-batches (see ``_run_micro_rest``)."""
         run = super().backward
-        return self.training_mode.backward(
-            closure_loss, lambda loss: run(loss, optimizer, *args, **kwargs)
-        )
+        try:
+            result = self.training_mode.backward(
+                closure_loss, lambda loss: run(loss, optimizer, *args, **kwargs)
+            )
+            self._run_micro_rest(optimizer)
+        except BaseException as error:
+            self._micro_abort(error)
+            raise
+        return result
 
     @override
     def post_backward(self, closure_loss: torch.Tensor) -> None:
@@ -611,8 +696,8 @@ class HeteroEngine:
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        """Lightning's training step; with ``micro_batch_size``, that of the step's first
-        micro-batch (the others run after its backward, see ``_rest_after``)."""
+        """Lightning's training step; with micro-batches, that of the step's first micro-batch
+        (the others run after its backward, see ``_run_micro_rest``)."""
         sizes = self._step_micro_sizes()
         if sizes is None:
             return self._training_step(*args, **kwargs)
@@ -620,7 +705,11 @@ class HeteroEngine:
         first, *rest = split_batch(batch, sum(sizes), sizes)
         self._micro_whole = (batch, self.training_mode.share)
         self._micro_rest = [(part, n, other, kwargs) for part, n in zip(rest, sizes[1:])]
-        return self._micro_step(first, sizes[0], other, kwargs, last=False)
+        try:
+            return self._micro_step(first, sizes[0], other, kwargs, last=False)
+        except BaseException as error:
+            self._micro_abort(error)
+            raise
 
     def _training_step(self, *args: Any, **kwargs: Any) -> Any:
         """One Lightning training step on the batch given (a strategy replaces it where the
@@ -643,7 +732,8 @@ class HeteroEngine:
         module = self.lightning_module
         if bounds is None or not (module.trainer.training and module.automatic_optimization):
             return None
-        sizes = micro_sizes(self.training_mode.share[0], bounds[self.global_rank])
+        share, lower = self.training_mode.share[0], self.plan_state.lower()
+        sizes = micro_sizes(share, bounds[self.global_rank], lower)
         return sizes if len(sizes) > 1 else None
 
     def _micro_step(
@@ -660,32 +750,46 @@ class HeteroEngine:
         with self._micro_forward(last), local_metric_syncs(module, not last):
             return self._training_step(batch, *other, **kwargs)
 
+    def _run_micro_rest(self, optimizer: Any) -> None:
+        """The forward and backward of each of the step's micro-batches after its first, once
+        the first's backward ran: wherever Lightning's closure runs (in the optimizer step, or
+        called by a user's ``optimizer_step`` that steps later, or not at all), no micro-batch
+        is left out. Then the step's share and whole batch are put back."""
+        rest, self._micro_rest = self._micro_rest, []
+        if not rest or self._micro_whole is None:
+            return  # a step run as one batch, or a backward of the rest itself
+        module = self.lightning_module
+        for index, (batch, samples, other, kwargs) in enumerate(rest):
+            last = index == len(rest) - 1
+            with running_hook(module, "training_step"):
+                output = self._micro_step(batch, samples, other, kwargs, last=last)
+            with running_hook(module, "backward"):
+                self.backward(step_loss(output), optimizer)
+        # as the step's start left them: its share, and the whole batch for logging
+        whole, self.training_mode.share = self._micro_whole
+        self._micro_whole = self.micro_batch_samples = None
+        set_logged_batch(module.trainer, whole)
+
+    def _micro_abort(self, error: BaseException) -> None:
+        """A micro-batched step failed: undo what its micro-batches left set (once)."""
+        if self._micro_whole is None:
+            return
+        self._micro_whole = self.micro_batch_samples = None
+        self._micro_rest, self._micro_local = [], False
+        self._micro_failed()
+        note_collective_in_micro_batch(error)
+
     def _rest_after(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
-        """``closure`` (the first micro-batch's step, zero-grad and backward), then the
-        forward and backward of each of the step's other micro-batches."""
+        """``closure`` (the first micro-batch's step, zero-grad and backward, which runs the
+        others), then any micro-batches still to run (a first step that returned no loss)."""
 
         def run() -> Any:
+            result = closure()
             try:
-                result = closure()
-                rest, self._micro_rest = self._micro_rest, []
-                if self._micro_whole is None:
-                    return result  # the step ran as one batch
-                module = self.lightning_module
-                for index, (batch, samples, other, kwargs) in enumerate(rest):
-                    last = index == len(rest) - 1
-                    with running_hook(module, "training_step"):
-                        output = self._micro_step(batch, samples, other, kwargs, last=last)
-                    with running_hook(module, "backward"):
-                        self.backward(step_loss(output), optimizer)
+                self._run_micro_rest(optimizer)
             except BaseException as error:
-                self._micro_local = False
-                self._micro_failed()
-                note_collective_in_micro_batch(error)
+                self._micro_abort(error)
                 raise
-            # as the step's start left them: its share, and the whole batch for logging
-            whole, self.training_mode.share = self._micro_whole
-            self._micro_whole = self.micro_batch_samples = None
-            set_logged_batch(self.lightning_module.trainer, whole)
             return result
 
         return run
@@ -785,6 +889,9 @@ class HeteroEngine:
         if self._user_loop_counts is not None:
             set_loop_counts(*self._user_loop_counts)
             self._user_loop_counts = None
+        if self._undo_validation is not None:
+            self._undo_validation()
+            self._undo_validation = None
         while self._undo:
             self._undo.pop()()
         super().teardown()
