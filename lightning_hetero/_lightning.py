@@ -45,6 +45,7 @@ __all__ = [
     "running_hook",
     "set_logged_batch",
     "set_loop_counts",
+    "set_validation_steps",
     "settle_logged_metrics",
     "stash_loader_states",
     "unstash_loader_states",
@@ -64,6 +65,7 @@ PRIVATE_ATTRIBUTES = (
     ("fit_loop.epoch_loop", "_batches_that_stepped"),
     ("", "_results"),
     ("lightning_module", "_current_fx_name"),
+    ("fit_loop.epoch_loop", "_should_check_val_fx"),
 )
 #: Private functions of Lightning used here (``module``, ``name``).
 PRIVATE_FUNCTIONS = (
@@ -256,6 +258,44 @@ def set_loop_counts(
         previous[name] = getattr(trainer, name)
         setattr(trainer, name, value)
     return previous
+
+
+#: A ``val_check_batch`` no loop batch index reaches.
+_NEVER = 2**62
+
+
+def set_validation_steps(
+    trainer: "pl.Trainer", validates: "Callable[[int], bool | None]"
+) -> "Callable[[], None]":
+    """Make the training loop validate after loop batch ``batch_idx`` (of the epoch) where
+    ``validates(batch_idx)`` says so (``None``: Lightning's own rule); returns the undo.
+
+    The epoch loop decides after each batch with ``_should_check_val_fx``: not in an epoch
+    that ``check_val_every_n_epoch`` skips, always where ``trainer.should_stop`` asks for it
+    (early stopping) or a time-based interval has passed, else every ``val_check_batch``
+    batches. The batch rule is set for the call (``val_check_batch`` 1 or never), the others
+    stay Lightning's.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    original = type(loop)._should_check_val_fx.__get__(loop)
+
+    def should_check_val(data_fetcher: object) -> bool:
+        kept = trainer.val_check_batch
+        decided = validates(loop.batch_idx)
+        if decided is None or kept is None or kept == float("inf"):
+            return original(data_fetcher)
+        trainer.val_check_batch = 1 if decided else _NEVER
+        try:
+            return original(data_fetcher)
+        finally:
+            trainer.val_check_batch = kept
+
+    loop._should_check_val_fx = should_check_val
+
+    def undo() -> None:
+        loop.__dict__.pop("_should_check_val_fx", None)
+
+    return undo
 
 
 def set_logged_batch(trainer: "pl.Trainer", batch: object) -> None:

@@ -18,6 +18,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_hetero.planning.split import is_count
+from lightning_hetero.sampler import EpochPermutation
 
 __all__ = [
     "check_micro_batch_size",
@@ -26,7 +27,10 @@ __all__ = [
     "micro_bounds",
     "micro_sizes",
     "note_collective_in_micro_batch",
-    "per_step_count",
+    "FirstSamples",
+    "ddp_loader_batches",
+    "limited_batches",
+    "validates_after",
     "split_batch",
     "step_loss",
 ]
@@ -98,26 +102,72 @@ def converted_accumulation(
     return accumulate
 
 
-def per_step_count(name: str, value: int | float, accumulate: int) -> int | float:
-    """A Trainer count of loader batches (``val_check_interval``, ``limit_train_batches``)
-    in optimizer steps, once ``accumulate`` loader batches run as one step: an int is divided
-    (refused where it does not divide), a float (a fraction of the epoch) stays.
+def ddp_loader_batches(samples: int, ranks: int, batch: int, drop_last: bool) -> int:
+    """The batches of each rank's training loader under DDP for ``samples`` samples
+    (``DistributedSampler`` gives each rank ``ceil(samples / ranks)``).
 
-    >>> per_step_count("val_check_interval", 8, 4)
-    2
-    >>> per_step_count("limit_train_batches", 0.5, 4)
-    0.5
+    >>> ddp_loader_batches(40, 2, 2, drop_last=False)
+    10
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        return value
-    if value % accumulate:
-        raise ValueError(
-            f"hetero: the Trainer's `{name}={value}` counts loader batches, and the strategy"
-            f" runs `accumulate_grad_batches={accumulate}` of them as one optimizer step (one"
-            f" batch of the loop): give a multiple of {accumulate}, or a fraction of the epoch"
-            " (a float)."
-        )
-    return value // accumulate
+    per_rank = math.ceil(samples / ranks)
+    return per_rank // batch if drop_last else math.ceil(per_rank / batch)
+
+
+def limited_batches(batches: int, limit: int | float) -> int:
+    """An epoch's training batches under the Trainer's ``limit_train_batches`` (Lightning's
+    rule: an int caps them, a float keeps that fraction, rounded down).
+
+    >>> limited_batches(10, 5), limited_batches(10, 0.25), limited_batches(10, 1.0)
+    (5, 2, 10)
+    """
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return min(batches, limit)
+    return batches if limit == 1.0 else int(batches * limit)
+
+
+def validates_after(step: int, batches: int, accumulate: int, every: int, offset: int = 0) -> bool:
+    """Whether DDP validates at the end of optimizer step ``step`` (counted from 1) of an epoch
+    of ``batches`` loader batches, ``accumulate`` of them per step, validating after every
+    ``every``-th loader batch (counted from ``offset``: the batches of earlier epochs where
+    Lightning counts across epochs, ``check_val_every_n_epoch=None``).
+
+    DDP validates after loader batch ``c`` with the optimizer steps made so far: ``c //
+    accumulate``, and all of the epoch's after its last batch (a last, partial window steps
+    too). A check before the epoch's first step (``c < accumulate``) has no step to follow.
+
+    >>> [s for s in range(1, 6) if validates_after(s, 10, 2, 5)]  # val_check_interval=0.5
+    [2, 5]
+    >>> [s for s in range(1, 4) if validates_after(s, 5, 2, 3)]  # 5 batches: steps 2, 2, 1
+    [1]
+    """
+    steps = math.ceil(batches / accumulate)
+    first = step * accumulate
+    candidates = list(range(first, min(first + accumulate, batches)))
+    if step == steps:
+        candidates.append(batches)
+    return any((offset + c) % every == 0 for c in candidates)
+
+
+class FirstSamples(EpochPermutation):
+    """The first ``count`` positions of ``epochs``' permutation in each epoch: an epoch cut
+    as ``limit_train_batches`` cuts DDP's, whose last optimizer step is then a partial window
+    of accumulation (a smaller global batch).
+
+    >>> list(FirstSamples(EpochPermutation(10, shuffle=False), 6))
+    [0, 1, 2, 3, 4, 5]
+    """
+
+    def __init__(self, epochs: EpochPermutation, count: int) -> None:
+        super().__init__(min(count, len(epochs)), epochs.shuffle, epochs.seed)
+        self.epochs = epochs
+        self.epoch = epochs.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.epochs.set_epoch(epoch)
+
+    def permutation(self) -> list[int]:
+        return self.epochs.permutation()[: self.num_samples]
 
 
 def micro_bounds(value: int | Sequence[int], world_size: int) -> list[int]:
@@ -132,16 +182,20 @@ def micro_bounds(value: int | Sequence[int], world_size: int) -> list[int]:
     return list(value)
 
 
-def micro_sizes(samples: int, bound: int) -> list[int]:
+def micro_sizes(samples: int, bound: int, lower: int = 1) -> list[int]:
     """``ceil(samples / bound)`` sizes of at most ``bound`` that sum to ``samples``, the
-    larger ones first and differing by at most one (no tiny last micro-batch).
+    larger ones first and differing by at most one (no tiny last micro-batch), and none
+    below ``lower`` (a BatchNorm model's 2: a batch of one has no variance): where both
+    cannot hold, fewer, larger micro-batches (at most ``lower - 1`` samples over ``bound``).
 
     >>> micro_sizes(10, 4)
     [4, 3, 3]
     >>> micro_sizes(3, 4)
     [3]
+    >>> micro_sizes(5, 2), micro_sizes(5, 2, lower=2)
+    ([2, 2, 1], [3, 2])
     """
-    parts = max(1, math.ceil(samples / bound))
+    parts = max(1, min(math.ceil(samples / bound), samples // max(lower, 1)))
     size, extra = divmod(samples, parts)
     return [size + 1] * extra + [size] * (parts - extra)
 

@@ -5,17 +5,22 @@ import re
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
 from lightning_hetero.microbatch import (
+    FirstSamples,
     converted_accumulation,
+    ddp_loader_batches,
+    limited_batches,
     micro_bounds,
     micro_sizes,
-    per_step_count,
     split_batch,
     step_loss,
+    validates_after,
 )
+from lightning_hetero.sampler import EpochPermutation
 
 
 @pytest.mark.parametrize(
@@ -126,6 +131,19 @@ class _Manual(BoringModel):
             r"micro_batch_size=2.*`accumulate_grad_batches=4` would accumulate.*"
             r"global_batch_size=<samples per optimizer step>.*micro_batch_size=",
         ),
+        # failure 3: accumulation that changes by epoch, beside micro-batches
+        (
+            HeteroStrategy,
+            BoringModel,
+            {"callbacks": [GradientAccumulationScheduler({0: 2})]},
+            r"micro_batch_size=2\).*`GradientAccumulationScheduler` would accumulate.*by epoch",
+        ),
+        (
+            HeteroFSDPStrategy,
+            BoringModel,
+            {"callbacks": [GradientAccumulationScheduler({0: 2})]},
+            r"HeteroFSDPStrategy\(micro_batch_size=2\).*`GradientAccumulationScheduler`",
+        ),
         # FSDP2 does not take Lightning's accumulation over: both together are refused
         (
             HeteroFSDPStrategy,
@@ -206,11 +224,46 @@ def test_accumulation_is_taken_over_only_where_no_option_plans_the_step_already(
         converted_accumulation(4, **{**given, **options})
 
 
-def test_counts_of_loader_batches_become_counts_of_optimizer_steps():
-    assert per_step_count("val_check_interval", 12, 4) == 3
-    assert per_step_count("limit_train_batches", 1.0, 4) == 1.0  # a fraction of the epoch
-    with pytest.raises(ValueError, match="`val_check_interval=10`.*multiple of 4"):
-        per_step_count("val_check_interval", 10, 4)
+@pytest.mark.parametrize(
+    ("samples", "bound", "lower", "expected"),
+    [
+        (5, 2, 2, [3, 2]),
+        (5, 2, 1, [2, 2, 1]),
+        (9, 2, 2, [3, 2, 2, 2]),
+        (3, 2, 2, [3]),
+        (2, 1, 2, [2]),
+    ],
+)
+def test_no_micro_batch_is_below_the_models_minimum(samples, bound, lower, expected):
+    """Failure 4: a BatchNorm model (minimum 2) never gets a micro-batch of one; where the
+    bound and the minimum cannot both hold, a micro-batch takes at most lower - 1 more."""
+    sizes = micro_sizes(samples, bound, lower)
+    assert sizes == expected and sum(sizes) == samples and min(sizes) >= min(lower, samples)
+    assert max(sizes) <= bound + lower - 1
+
+
+def test_ddps_validation_steps_under_accumulation():
+    """DDP validates after loader batch c at its optimizer step c // N (the epoch's last
+    batch: the epoch's last step, a partial window included); issue 40's example: 10 loader
+    batches, N = 2, val_check_interval=0.5 validates at steps 2 and 5 of each epoch."""
+    assert [s for s in range(1, 6) if validates_after(s, 10, 2, 5)] == [2, 5]
+    assert [s for s in range(1, 4) if validates_after(s, 5, 2, 3)] == [1]
+    assert [s for s in range(1, 7) if validates_after(s, 24, 4, 6)] == [1, 3, 4, 6]
+    assert not validates_after(1, 10, 4, 2, offset=0) or validates_after(1, 10, 4, 2)
+    # counted across epochs (check_val_every_n_epoch=None): the second epoch's batches 4, 8
+    assert [s for s in range(1, 6) if validates_after(s, 10, 2, 7, offset=10)] == [2]
+    assert ddp_loader_batches(41, 2, 2, drop_last=False) == 11
+    assert ddp_loader_batches(41, 2, 2, drop_last=True) == 10
+    assert (limited_batches(24, 10), limited_batches(24, 0.5), limited_batches(24, 1.0)) == (
+        10,
+        12,
+        24,
+    )
+    cut = FirstSamples(EpochPermutation(10, shuffle=True, seed=1), 4)
+    cut.set_epoch(3)
+    whole = EpochPermutation(10, shuffle=True, seed=1)
+    whole.set_epoch(3)
+    assert len(cut) == 4 and cut.permutation() == whole.permutation()[:4]
 
 
 class _Recorded(BoringModel):
@@ -221,6 +274,7 @@ class _Recorded(BoringModel):
         self.seen: list[int] = []
         self.sums: list[torch.Tensor] = []
         self.stepped: list[int] = []
+        self.validated: list[int] = []
 
     def training_step(self, batch, batch_idx):
         self.seen.append(len(batch))
@@ -229,6 +283,10 @@ class _Recorded(BoringModel):
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         self.stepped.append(self.trainer.global_step)
+
+    def on_validation_start(self):
+        if not self.trainer.sanity_checking:
+            self.validated.append(self.trainer.global_step)
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.layer.parameters(), lr=0.1)
@@ -280,14 +338,48 @@ def test_accumulation_runs_as_one_global_batch_and_steps_as_lightnings_accumulat
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
     assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == pytest.approx([0.1 / 32])
     # validation every 8 loader batches = every 2 optimizer steps, as the user asked
-    assert trainer.val_check_batch == 2
+    assert got.validated == expected.validated == [2, 4]
     # the user's Trainer settings are back once the fit ended
     assert (trainer.accumulate_grad_batches, trainer.val_check_interval) == (4, 8)
 
 
-def test_a_val_check_interval_that_splits_an_optimizer_step_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="`val_check_interval=6`.*multiple of 4"):
-        _accumulating_fit(tmp_path, HeteroStrategy(), max_steps=1, val_check_interval=6)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"val_check_interval": 6},  # validates inside an accumulation window
+        {"val_check_interval": 0.3},
+        {"val_check_interval": 0.5},
+        {"limit_train_batches": 10, "val_check_interval": 5},  # a last, partial window
+        {"limit_train_batches": 0.25},
+        {"check_val_every_n_epoch": None, "val_check_interval": 10, "max_epochs": 2},
+    ],
+)
+def test_loader_batch_counts_run_as_lightnings_accumulation(tmp_path, options):
+    """Failures 2 and 7: with accumulation taken over (1 rank, 24 loader batches, N = 4),
+    the Trainer's counts of loader batches that N does not divide run as Lightning runs them
+    (a last, partial window; validation inside a window at the steps made so far), and
+    validation falls at Lightning's global steps, the epoch's last step included."""
+    options = {"max_epochs": 1, "limit_val_batches": 1, **options}
+    plain, expected = _accumulating_fit(tmp_path / "plain", "auto", **options)
+    strategy = HeteroStrategy(controller="static", shuffle=False)
+    trainer, got = _accumulating_fit(tmp_path / "hetero", strategy, **options)
+    assert got.validated == expected.validated and got.validated
+    assert trainer.global_step == plain.global_step
+    # the same samples, in the same order
+    torch.testing.assert_close(sum(got.sums), sum(expected.sums))
+    assert sum(got.seen) == sum(expected.seen)
+    assert (trainer.val_check_interval, trainer.limit_train_batches) == (
+        plain.val_check_interval,
+        plain.limit_train_batches,
+    )
+
+
+def test_a_gradient_accumulation_scheduler_beside_accumulation_meets_lightnings_refusal(
+    tmp_path,
+):
+    scheduler = GradientAccumulationScheduler({0: 2})
+    with pytest.raises(ValueError, match="`accumulate_grad_batches` and are using the `Gradient"):
+        _accumulating_fit(tmp_path, HeteroStrategy(), max_steps=1, callbacks=[scheduler])
 
 
 def test_a_run_resumed_inside_an_epoch_keeps_the_conversion_and_its_steps(tmp_path):
@@ -338,3 +430,37 @@ def test_the_estimated_optimizer_steps_are_lightnings_under_accumulation(tmp_pat
 
     # 96 samples, 4 per loader batch, 4 accumulated: 6 optimizer steps an epoch
     assert estimate("auto") == estimate(HeteroStrategy(shuffle=False)) == (6, 6)
+
+
+class _SteppingEveryOther(_Recorded):
+    """Lightning's documented pattern: the closure on every batch, a step every other."""
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        optimizer_closure()
+        if batch_idx % 2:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def test_an_optimizer_step_that_runs_the_closure_without_stepping_trains_every_micro_batch(
+    tmp_path,
+):
+    """Failure 3: a user ``optimizer_step`` that calls ``optimizer_closure()`` itself (and
+    steps every other batch) still runs every micro-batch of each batch: none is dropped."""
+    torch.manual_seed(0)
+    model = _SteppingEveryOther()
+    trainer = pl.Trainer(
+        strategy=HeteroStrategy(micro_batch_size=2, controller="static", shuffle=False),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model)
+    assert model.seen == [2] * 48  # 24 loader batches of 4, each as two micro-batches of 2
+    torch.testing.assert_close(sum(model.sums), model.train_dataloader().dataset.sum())

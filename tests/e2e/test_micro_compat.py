@@ -8,7 +8,7 @@ from tests.e2e.launch import run_script
 
 pytestmark = pytest.mark.e2e
 
-CASES = ("logging",)
+CASES = ("logging", "schedule", "partial")
 
 
 @pytest.fixture(scope="module")
@@ -29,3 +29,23 @@ def test_synced_step_logging_runs_one_sync_per_step_whatever_the_micro_batch_cou
     assert [n for _, n in got["calls"][0]] == [2] * 12
     assert got["metrics"]["train_loss"] == pytest.approx(got["expected_loss"], rel=1e-5)
     assert {"grad", "metric", "target"} <= got["metrics"].keys()
+
+
+def test_validation_and_checkpoints_fall_at_ddps_global_steps_the_epochs_last_included(results):
+    """Failure 2: 10 loader batches per rank, accumulation 2 taken over,
+    ``val_check_interval=0.5``, 2 epochs: DDP validates at global steps 2, 5, 7 and 10, and
+    ``last.ckpt`` holds the final step."""
+    got = results["schedule"]
+    assert got["validated"] == [2, 5, 7, 10]
+    assert got["global_step"] == got["last_step"] == 10
+    assert got["best_step"] in got["validated"]
+
+
+def test_a_limit_that_accumulation_does_not_divide_runs_ddps_last_partial_window(results):
+    """Failure 7: ``limit_train_batches=5`` with accumulation 2 on 2 ranks: DDP's 3 optimizer
+    steps (2, 2 and 1 loader batches: 20 samples, each once), and ``val_check_interval=3``
+    validates after loader batch 3, at step 1."""
+    got = results["partial"]
+    assert got["global_step"] == 3
+    assert len(got["indices"]) == len(set(got["indices"])) == 20  # shuffled: 20 of 40
+    assert got["validated"] == [1]
