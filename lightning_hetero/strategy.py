@@ -20,6 +20,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
+from lightning_hetero._docstrings import plain_docstring
 from lightning_hetero._namespaces import SameCopy
 from lightning_hetero._options import ddp_keywords, keywords, refuse_unknown
 from lightning_hetero.engine import HeteroEngine, HeteroOptions, hetero_parts
@@ -29,6 +30,7 @@ from lightning_hetero.planning import Controller
 __all__ = ["HeteroStrategy"]
 
 
+@plain_docstring  # LightningCLI's --help prints it: plain text (the site reads the source)
 class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
     """Data-parallel training where each rank's batch size follows its speed.
 

@@ -3,6 +3,7 @@
 import inspect
 from typing import Any
 
+from lightning_hetero._docstrings import plain_docstring
 from lightning_hetero.planning.base import Controller
 from lightning_hetero.planning.dual import DualBatchController
 from lightning_hetero.planning.lbbsp import LBBSPController
@@ -24,6 +25,8 @@ CONTROLLERS: dict[str, type[Controller]] = {
     DualBatchController.name: DualBatchController,
     ModelController.name: ModelController,
 }
+for _controller in CONTROLLERS.values():  # LightningCLI's --help prints their docstrings
+    plain_docstring(_controller)
 
 
 def make_controller(name: str, **options: Any) -> Controller:

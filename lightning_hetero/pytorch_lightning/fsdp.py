@@ -15,6 +15,7 @@ from pytorch_lightning.strategies import ModelParallelStrategy
 from pytorch_lightning.trainer.states import TrainerFn
 from typing_extensions import override
 
+from lightning_hetero._docstrings import plain_docstring
 from lightning_hetero._fsdp_accumulate import UnshardedAccumulation
 from lightning_hetero.pytorch_lightning._lightning import model_parallel_setup
 from lightning_hetero._namespaces import SameCopy
@@ -32,6 +33,7 @@ _DDP_ONLY = ("weighted", "lr_scaling", "lookahead", "rpc_timeout", "megabatch_si
 _DDP_ONLY += ("perturb_threshold", "gamma", "ddp_comm_hook", "find_unused_parameters")
 
 
+@plain_docstring  # LightningCLI's --help prints it: plain text (the site reads the source)
 class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     """Fully sharded data parallelism (FSDP2) where each rank's batch size follows its speed.
 
