@@ -21,7 +21,13 @@ from lightning_hetero._lightning import (
 from lightning_hetero._logged_means import per_batch_means_message
 from lightning_hetero.planning.split import is_count
 from lightning_hetero.replan import Replanner
-from lightning_hetero.summary import fit_summary, summary_line, summary_metrics, summary_table
+from lightning_hetero.summary import (
+    fit_summary,
+    quiet,
+    summary_line,
+    summary_metrics,
+    summary_table,
+)
 
 __all__ = ["HeteroCallback"]
 
@@ -156,7 +162,8 @@ class HeteroCallback(Callback):
 
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        """Say in one line (rank 0) and log what the re-planner did (``summary``)."""
+        """Say in one line (rank 0; nothing for a quiet run) and log what the re-planner did
+        (``summary``)."""
         replanner = self._replanner
         if replanner is None or not self._started or not replanner.history:
             return
@@ -164,8 +171,9 @@ class HeteroCallback(Callback):
         plan = list(getattr(trainer.strategy, "batch_sizes", None) or history[-1]["batch_sizes"])
         csv = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
         where = csv.experiment.metrics_file_path if csv is not None else None
-        self.summary = fit_summary(history, plan, where)
-        rank_zero_info(summary_line(self.summary))
+        self.summary = fit_summary(history, plan, where, adapts=replanner.controller.adapts)
+        if not quiet(self.summary):
+            rank_zero_info(summary_line(self.summary))
         self._send(trainer, summary_metrics(self.summary), logging_step(trainer))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):

@@ -49,9 +49,15 @@ def hold_reason(entry: dict[str, Any]) -> str | None:
 
 
 def fit_summary(
-    history: Sequence[dict[str, Any]], final_plan: Sequence[int], metrics_file: str | None = None
+    history: Sequence[dict[str, Any]],
+    final_plan: Sequence[int],
+    metrics_file: str | None = None,
+    adapts: bool = True,
 ) -> dict[str, Any]:
     """What a run's re-planner did, from its ``history`` and the plan it ended with.
+
+    ``metrics_file``: the run's CSV log (named in ``pictures``); ``adapts``: the controller
+    changes plans (a ``"static"`` one keeps its plan by design: no boundary is a hold).
 
     Keys: ``boundaries``; ``replans`` (plan changes kept), ``reverts`` (changes undone by
     the step-time guard), ``holds`` (boundaries that kept a plan balanced below
@@ -73,7 +79,7 @@ def fit_summary(
         >>> s["replans"], s["holds"], s["speedup"], s["pace_setter"]
         (1, 0, 2.0, 1)
     """
-    reasons = Counter(r for r in map(hold_reason, history) if r is not None)
+    reasons = Counter(r for r in map(hold_reason, history) if r is not None and adapts)
     measured = [e for e in history if _finite(e.get("balance"))]
     uniform = [
         e for e in history if _uniform(e.get("batch_sizes", [])) and _finite(e.get("step_time"))
@@ -108,12 +114,12 @@ def fit_summary(
 
 
 def quiet(summary: dict[str, Any]) -> bool:
-    """Nothing changed: the plan stayed, nothing was held unbalanced."""
+    """Nothing to say: the plan stayed, and no unbalanced plan was held."""
     return not (summary["replans"] or summary["reverts"] or summary["holds"])
 
 
 def summary_line(summary: dict[str, Any]) -> str:
-    """The one line said at the end of ``fit`` (shorter for a quiet run)."""
+    """The summary in one line (a quiet run's is short; the callback does not say it)."""
     balance = summary["final_balance"]
     at = f" at balance {balance:.2f}" if _finite(balance) else ""
     if quiet(summary):

@@ -70,7 +70,7 @@ def test_the_line_names_everything_and_points_to_the_pictures():
     assert "\n" not in line
 
 
-def test_a_quiet_run_says_one_short_line():
+def test_a_quiet_run_has_a_short_line_which_the_callback_does_not_say():
     history = [_entry([8, 8], [0.1, 0.1], 0.1, 0.99), _entry([8, 8], [0.1, 0.1], 0.1, 0.98)]
     summary = fit_summary(history, [8, 8])
     assert quiet(summary) and summary["pace_setter"] is None
@@ -97,3 +97,11 @@ def test_the_logged_table_holds_the_fields():
     assert metrics["hetero/summary/batch_size/rank1"] == 4.0
     assert summary_metrics(fit_summary(HISTORY[-1:], [12, 4]))["hetero/summary/pace_setter"] == -1
     assert "| speedup | 2.0 |" in summary_table(summary)
+
+
+def test_a_static_controller_holds_nothing():
+    # it keeps its plan by design: an unbalanced plan under it is no hold to report
+    history = [_entry([10, 6], [0.1, 0.06], 0.1, 0.75), _entry([10, 6], [0.1, 0.06], 0.1, 0.75)]
+    assert fit_summary(history, [10, 6])["holds"] == 2
+    static = fit_summary(history, [10, 6], adapts=False)
+    assert static["holds"] == 0 and quiet(static)
