@@ -240,8 +240,8 @@ class StepProbe:
             f" {ranks}{why}.{advice}"
         )
 
-    def time(self, largest: int) -> TimeModel:
-        """Fit ``t(x) = a*x + b`` to timed training steps of the slowest rank."""
+    def time(self, largest: int) -> list[TimeModel]:
+        """Fit ``t(x) = a*x + b`` to timed training steps, one fit per rank (in rank order)."""
         ctx = self.context
         largest = min(largest, len(self.loader.dataset))  # type: ignore[arg-type]
         sizes = sorted({min(2, largest), *probe_sizes(largest)})  # small batches show b
@@ -262,6 +262,5 @@ class StepProbe:
                     runs.append(time.perf_counter() - started)
                 times.append(min(runs))
         rows = ctx.comm.gather_rows(times)
-        # the slowest rank sets the pace of an epoch: plan with its times
-        slowest = [max(row[i] for row in rows) for i in range(len(sizes))]
-        return TimeModel.fit(list(zip(sizes, slowest)))
+        # each rank's own fit: the dual plan gives the slowest ones the small batches
+        return [TimeModel.fit(list(zip(sizes, row))) for row in rows]

@@ -3,7 +3,8 @@
 The weights come from
 [`lightning_hetero.planning.merge_weights`][lightning_hetero.planning.merge_weights] (pure numbers);
 this module applies them: a weighted all-reduce of every replica's parameters, then the
-merge momentum ``w' = sum_k alpha_k w_k + gamma * (w - w_prev)``.
+merge momentum ``w' = sum_k alpha_k w_k + gamma * (w - w_prev)`` or, with ``outer_lr``,
+DiLoCo's outer step (Nesterov momentum on the pseudo-gradient ``w - sum_k alpha_k w_k``).
 """
 
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from lightning_hetero.planning.merge import momentum_merge
+from lightning_hetero.planning.merge import momentum_merge, outer_step
 
 __all__ = ["ReplicaMerger", "weighted_average_"]
 
@@ -24,14 +25,21 @@ class ReplicaMerger:
         module: the replica (every floating-point parameter and buffer is merged).
         rank: this rank.
         gamma: merge momentum in ``[0, 1)``; 0 is the plain weighted average.
+        outer_lr: the outer optimizer's learning rate (Nesterov momentum 0.9 on the
+            pseudo-gradient, [`outer_step`][lightning_hetero.planning.merge.outer_step]);
+            ``None``: no outer optimizer.
 
     Floating-point buffers (e.g. BatchNorm statistics) are averaged with the same
     weights but without momentum; integer buffers (step counters) are left alone.
     """
 
-    def __init__(self, module: torch.nn.Module, rank: int, gamma: float) -> None:
+    def __init__(
+        self, module: torch.nn.Module, rank: int, gamma: float, outer_lr: float | None = None
+    ) -> None:
         self.rank = rank
         self.gamma = gamma
+        self.outer_lr = outer_lr
+        self._velocity: torch.Tensor | None = None  # the outer optimizer's momentum buffer
         self.params = [p for p in module.parameters() if p.dtype.is_floating_point]
         self.buffers = [b for b in module.buffers() if b.dtype.is_floating_point]
         self.reset()
@@ -41,6 +49,7 @@ class ReplicaMerger:
         with torch.no_grad():
             self._global = parameters_to_vector(self.params).clone() if self.params else None
         self._previous = self._global
+        self._velocity = None
 
     def norm_per_parameter(self) -> float:
         """This replica's L2 norm divided by its number of parameters (paper 004's test)."""
@@ -58,7 +67,11 @@ class ReplicaMerger:
                 merged = parameters_to_vector(self.params) * weight
                 _all_reduce(merged, group)
                 assert self._global is not None and self._previous is not None
-                if self.gamma > 0:
+                if self.outer_lr is not None:
+                    merged, self._velocity = outer_step(
+                        self._global, merged, self._velocity, self.outer_lr
+                    )
+                elif self.gamma > 0:
                     merged = momentum_merge(merged, self._global, self._previous, self.gamma)
                 self._previous, self._global = self._global, merged
                 vector_to_parameters(merged.clone(), self.params)

@@ -52,7 +52,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             ``"stepwise"``, ``"updates"``, ``"static"``; built with ``deadband``;
             ``"dual"``, dual batch size learning, with ``mode="async"`` only) or a
             [`Controller`][lightning_hetero.planning.Controller] instance. Default:
-            ``"updates"`` in local mode, ``"proportional"`` otherwise.
+            ``"static"`` in local mode (``"updates"`` with ``local_steps="equal"``),
+            ``"proportional"`` otherwise.
         batch_sizes: the initial plan: ``"uniform"``, ``"cores"`` (CPU cores each rank's
             process may use), ``"flops"`` (GPU SMs x clock via NVML, falling back to
             cores), or one batch size per rank.
@@ -141,6 +142,16 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 (default) is plain weighted
             averaging. ``gamma > 0`` amplifies a steady move up to ``1 / (1 - gamma)`` times
             and needs a smaller learning rate (see [Training modes](../modes.md)).
+        local_steps: local mode: ``"proportional"`` (default): batch sizes stay (controller
+            ``"static"``) and each rank makes updates in proportion to its speed in the same
+            wall time, replicas merged by their samples; ``"equal"`` (paper 004): the
+            controller (``"updates"``) sizes batches by speed so that every rank makes the
+            same number of updates per merge. A controller that moves batch sizes needs
+            ``"equal"``.
+        outer_lr: local mode: ``None`` (default): the merged model is the weighted average;
+            a number: DiLoCo's outer optimizer, Nesterov momentum 0.9 at this learning rate
+            on the pseudo-gradient (the model at the last merge less the average). Not with
+            ``gamma``.
         **kwargs: forwarded to ``DistributedDataParallel``
             (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``. A name that is
             neither an option above nor a keyword of ``DistributedDataParallel`` is refused
@@ -194,6 +205,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         delta: float = 0.1,
         perturb_threshold: float = 0.1,
         gamma: float = 0.0,
+        local_steps: Literal["equal", "proportional"] = "proportional",
+        outer_lr: float | None = None,
         **kwargs: Any,
     ) -> None:
         refuse_unknown(
@@ -225,6 +238,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             perturb_threshold=perturb_threshold,
             gamma=gamma,
             global_batch_size=global_batch_size,
+            local_steps=local_steps,
+            outer_lr=outer_lr,
         )
         training_mode, plan_state = hetero_parts(mode, options, shared)
         super().__init__(
@@ -244,6 +259,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         self.lookahead = lookahead
         self.megabatch_size, self.delta, self.gamma = megabatch_size, delta, gamma
         self.perturb_threshold = perturb_threshold
+        self.local_steps, self.outer_lr = local_steps, outer_lr
         self._start_hetero(training_mode, plan_state, shared)
 
     @override

@@ -34,7 +34,17 @@ def test_digits_on_one_rank_is_ddp_with_or_without_lookahead() -> None:
 def test_digits_lookahead_changes_what_two_ranks_compute() -> None:
     with_lookahead = simulate_digits("async", [1.0, 3.0], 0, epochs=1)
     assert with_lookahead != simulate_digits("async-plain", [1.0, 3.0], 0, epochs=1)
-    with pytest.raises(ValueError, match="unknown digits rule 'local'"):
-        simulate_digits("local", [1.0], 0)
+    with pytest.raises(ValueError, match="unknown digits rule 'local-bogus'"):
+        simulate_digits("local-bogus", [1.0], 0)
     with pytest.raises(ValueError, match=r"positive number, got \[1.0, 0.0\]"):
         simulate_digits("async", [1.0, 0.0], 0)
+
+
+def test_digits_local_step_rules_agree_on_one_rank_and_differ_on_two_of_different_speeds() -> None:
+    # one replica merged with weight 1: the rules are the same (DDP's batches in its order,
+    # the epoch's short last claim at its share of the learning rate, as local mode steps it)
+    one = simulate_digits("local", [1.0], 0, epochs=1)
+    assert simulate_digits("local-prop", [1.0], 0, epochs=1) == one
+    equal = simulate_digits("local", [1.0, 3.0], 0, epochs=2)
+    assert equal != simulate_digits("local-prop", [1.0, 3.0], 0, epochs=2)
+    assert simulate_digits("local-outer", [1.0, 3.0], 0, epochs=2) != equal

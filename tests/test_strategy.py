@@ -103,7 +103,7 @@ def test_every_keyword_of_distributed_data_parallel_still_reaches_it():
 
 @pytest.mark.parametrize(
     ("mode", "controller"),
-    [("bsp", "proportional"), ("async", "proportional"), ("local", "updates")],
+    [("bsp", "proportional"), ("async", "proportional"), ("local", "static")],
 )
 def test_each_mode_has_its_default_controller(mode, controller):
     assert HeteroStrategy(mode=mode).controller.name == controller

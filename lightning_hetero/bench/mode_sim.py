@@ -213,8 +213,13 @@ def _simulate_dual(
 
 
 #: The digits task's rules: ``ddp``; ``async`` with its defaults (the linear rule for SGD, and
-#: ``lookahead="auto"``: on, the optimizer has momentum) and ``async-plain`` (no lookahead).
-DIGITS_RULES = ("ddp", "async", "async-plain")
+#: ``lookahead="auto"``: on, the optimizer has momentum) and ``async-plain`` (no lookahead);
+#: ``local`` with ``local_steps="equal"`` (paper 004: batch sizes follow speed, equal updates)
+#: and ``local-prop`` (``"proportional"``: even batches, updates in proportion to speed), each
+#: also with the outer optimizer (``-outer``: Nesterov at ``outer_lr``).
+DIGITS_RULES = (
+    "ddp", "async", "async-plain", "local", "local-outer", "local-prop", "local-prop-outer",
+)  # fmt: skip
 
 
 def simulate_digits(
@@ -224,6 +229,7 @@ def simulate_digits(
     lr: float = 0.05,
     epochs: int = 6,
     global_batch: int = 128,
+    outer_lr: float = 0.7,
 ) -> list[float]:
     """Validation accuracy (macro average over the 10 classes) after each epoch of ``rule``
     on the benchmark's digits task (the digits CNN, SGD with momentum 0.9) with one emulated
@@ -232,7 +238,12 @@ def simulate_digits(
     Ranks run in the order their steps end: the first epoch on the uniform plan, the others
     on the speed-proportional one (what the controller converges to), each on its share of
     the epoch's permutation, every gradient on the parameters its last push returned, so
-    staleness follows from the speeds. The server is the real ``ParameterServer``."""
+    staleness follows from the speeds. The server is the real ``ParameterServer``.
+
+    The ``local`` rules run local mode's shared pool of mega-batches (ten global batches):
+    ranks claim their next batch when their last step ends, until the mega-batch is used up,
+    then the replicas merge with the real weights (``merge_weights`` or ``sample_weights``)
+    and, for ``-outer``, the real outer step at ``outer_lr``."""
     from lightning_hetero.bench.workload import DigitsCNN, load_digits_tensors
     from lightning_hetero.planning.split import proportional_split
 
@@ -257,6 +268,8 @@ def simulate_digits(
                 optimizer.step()
             curve.append(_macro_accuracy(model, *val.tensors))
         return curve
+    if rule.startswith("local"):
+        return _digits_local(rule, costs, model, train, val, lr, epochs, global_batch, outer_lr)
     lookahead = "auto" if rule == "async" else False
     server = ParameterServer([model.configure_optimizers()], workers, "auto", lookahead)
     replicas = [copy.deepcopy(model) for _ in range(workers)]
@@ -297,6 +310,82 @@ def simulate_digits(
     return curve
 
 
+def _digits_local(
+    rule: str,
+    costs: Sequence[float],
+    model: nn.Module,
+    train: torch.utils.data.TensorDataset,
+    val: torch.utils.data.TensorDataset,
+    lr: float,
+    epochs: int,
+    global_batch: int,
+    outer_lr: float,
+) -> list[float]:
+    """``simulate_digits`` for the ``local`` rules (see there)."""
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    from lightning_hetero.planning.merge import (
+        claim_order,
+        merge_weights,
+        outer_step,
+        sample_weights,
+    )
+    from lightning_hetero.planning.split import proportional_split
+
+    x, y = train.tensors
+    workers, size = len(costs), len(x)
+    proportional = rule.startswith("local-prop")
+    replicas = [copy.deepcopy(model) for _ in range(workers)]
+    optimizers = [r.configure_optimizers() for r in replicas]  # type: ignore[operator]
+    params = [[p for p in r.parameters()] for r in replicas]
+    buffers = [[b for b in r.buffers() if b.dtype.is_floating_point] for r in replicas]
+    anchor = parameters_to_vector(params[0]).detach().clone()
+    velocity: torch.Tensor | None = None
+    plan = [global_batch // workers] * workers
+    megabatch = 10 * global_batch  # local mode's default
+    curve = []
+    for epoch in range(epochs):
+        if epoch and not proportional:  # what the updates controller converges to
+            plan = proportional_split([1 / c for c in costs], global_batch, [1] * workers)
+        order = torch.randperm(size)
+        for start in range(0, size, megabatch):
+            pool = order[start : start + megabatch]
+            claimed, updates, samples = 0, [0] * workers, [0] * workers
+            for k, taken in claim_order(costs, plan, len(pool)):  # the merge lines ranks up
+                part = pool[claimed : claimed + taken]
+                claimed += taken
+                optimizer = optimizers[k]
+                factor = replica_factor(lr_rule("auto", optimizer), len(part), sum(plan), workers)
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(replicas[k](x[part]), y[part]).backward()
+                with scaled_lr(optimizer, factor):
+                    optimizer.step()
+                updates[k] += 1
+                samples[k] += len(part)
+            with torch.no_grad():
+                flats = [parameters_to_vector(p) for p in params]
+                if proportional:
+                    weights = sample_weights(samples, plan).weights
+                else:
+                    norms = [float(f.norm()) / f.numel() for f in flats]
+                    weights = merge_weights(plan, updates, norms).weights
+                merged = sum(w * f for w, f in zip(weights, flats))
+                assert isinstance(merged, torch.Tensor)
+                if rule.endswith("-outer"):
+                    merged, velocity = outer_step(anchor, merged, velocity, outer_lr)
+                anchor = merged.clone()
+                total = sum(weights)
+                averaged = [
+                    sum(w * b for w, b in zip(weights, group)) / total for group in zip(*buffers)
+                ]
+                for k in range(workers):
+                    vector_to_parameters(merged.clone(), params[k])
+                    for b, value in zip(buffers[k], averaged):
+                        b.copy_(value)
+        curve.append(_macro_accuracy(replicas[0], *val.tensors))
+    return curve
+
+
 def _macro_accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
     """The real benchmark's ``val_acc`` (torchmetrics' macro-averaged multiclass accuracy)."""
     from torchmetrics.functional.classification import multiclass_accuracy
@@ -319,8 +408,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         type=float,
         nargs="+",
         metavar="COST",
-        help="run the digits task (SGD with momentum; rules: ddp, async, async-plain) with one"
-        " rank per COST, its time per sample (e.g. 1 3: the second rank 3x slower) instead",
+        help="run the digits task (SGD with momentum; rules: ddp, async, async-plain, local,"
+        " local-outer, local-prop, local-prop-outer) with one rank per COST, its time per"
+        " sample (e.g. 1 3: the second rank 3x slower) instead",
+    )
+    parser.add_argument(
+        "--outer-lr", type=float, default=0.7, help="the digits local rules' -outer lr"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -328,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         rules = args.rules or list(DIGITS_RULES)
         if set(rules) - set(DIGITS_RULES):
             parser.error(f"the digits task runs the rules {', '.join(DIGITS_RULES)}")
-        _digits_table(rules, args.digits, args.seeds)
+        _digits_table(rules, args.digits, args.seeds, args.outer_lr)
         return
     rules = args.rules or list(RULES)
     if set(rules) - set(RULES):
@@ -346,12 +439,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                     print(f"| {5e-4 * lr_x:g} | {k} | `{rule}` | {seed} | {accs} |", flush=True)
 
 
-def _digits_table(rules: Sequence[str], costs: Sequence[float], seeds: Sequence[int]) -> None:
+def _digits_table(
+    rules: Sequence[str], costs: Sequence[float], seeds: Sequence[int], outer_lr: float = 0.7
+) -> None:
     print(f"costs per sample {list(costs)}\n| rule | seed | val acc per epoch |\n|---|---|---|")
     for rule in rules:
         finals = []
         for seed in seeds:
-            curve = simulate_digits(rule, costs, seed)
+            curve = simulate_digits(rule, costs, seed, outer_lr=outer_lr)
             finals.append(curve[-1])
             print(f"| `{rule}` | {seed} | {' / '.join(f'{a:.3f}' for a in curve)} |", flush=True)
         print(f"| `{rule}` | mean | {sum(finals) / len(finals):.3f} (min {min(finals):.3f}) |")

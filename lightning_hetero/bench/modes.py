@@ -26,8 +26,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bsp-unweighted": {"strategy": "hetero", "weighted": False},
     "async": {"strategy": "hetero", "extra": {"mode": "async"}},
     "async-unscaled": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": False}},
-    "local": {"strategy": "hetero", "extra": {"mode": "local", "gamma": 0.9}},
-    "local-gamma0": {"strategy": "hetero", "extra": {"mode": "local", "gamma": 0.0}},
+    # the run's default controller ("proportional") moves batch sizes: paper 004's rule
+    "local": {
+        "strategy": "hetero",
+        "extra": {"mode": "local", "gamma": 0.9, "local_steps": "equal"},
+    },
+    "local-gamma0": {
+        "strategy": "hetero",
+        "extra": {"mode": "local", "gamma": 0.0, "local_steps": "equal"},
+    },
 }
 
 #: Columns of the report, with what each means.
@@ -243,12 +250,18 @@ CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
         "controller_options": {"update_factor": "ratio"},
         "extra": {"mode": "async"},
     },
-    "local": {"strategy": "hetero", "controller": "updates", "extra": {"mode": "local"}},
+    # paper 004's equal updates, as measured before issue 41; "local-prop": the default now
+    "local": {
+        "strategy": "hetero",
+        "controller": "updates",
+        "extra": {"mode": "local", "local_steps": "equal"},
+    },
     "local-linear": {
         "strategy": "hetero",
         "controller": "updates",
-        "extra": {"mode": "local", "lr_scaling": "linear"},
+        "extra": {"mode": "local", "lr_scaling": "linear", "local_steps": "equal"},
     },
+    "local-prop": {"strategy": "hetero", "controller": "static", "extra": {"mode": "local"}},
 }
 #: Emulated speeds: seconds of Throttle delay per sample of each rank (the last one slow).
 SPEEDS = {"equal": 1.0, "slow": 3.0}

@@ -425,6 +425,9 @@ def run(config: RunConfig) -> dict[str, Any]:
                 "update_factors": plan.update_factors,
                 "time_model": [plan.time_model.a, plan.time_model.b],
                 "relative_error": plan.time_model.relative_error,
+                "small_ranks": list(plan.small_ranks),
+                "predicted_epoch_s": max(plan.predicted_epoch_times),
+                "ddp_epoch_s": plan.ddp_epoch_time,
             }
     if trainer.global_rank == 0 and config.result:
         Path(config.result).write_text(json.dumps(summary, indent=1))

@@ -66,7 +66,7 @@ def build_mode(
     except KeyError:
         raise ValueError(f"Unknown mode {name!r}; expected one of {list(modes)}.") from None
     if controller is None:
-        controller = cls.default_controller
+        controller = cls.controller_name(options)
     if isinstance(controller, str):
         controller = make_controller(controller, deadband=deadband)
     elif not isinstance(controller, Controller):

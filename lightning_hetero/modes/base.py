@@ -21,6 +21,7 @@ from lightning_hetero._optim import check_lr_scaling
 from lightning_hetero.context import RunContext
 from lightning_hetero.planning import Controller, check_merge_options
 from lightning_hetero.planning.dual import DualBatchController
+from lightning_hetero.planning.merge import check_local_options
 from lightning_hetero.planning.split import plan_checksum
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
@@ -48,6 +49,8 @@ class ModeOptions:
     perturb_threshold: float = 0.1
     gamma: float = 0.0
     global_batch_size: int | None = None
+    local_steps: Literal["equal", "proportional"] = "proportional"
+    outer_lr: float | None = None
 
     def __post_init__(self) -> None:
         # a bad value is refused whichever mode runs (each mode refuses what it cannot honour)
@@ -56,6 +59,7 @@ class ModeOptions:
             self.global_batch_size,
         )  # fmt: skip
         check_lr_scaling(self.lr_scaling)
+        check_local_options(self.local_steps, self.outer_lr, self.gamma)
         if self.lookahead not in (True, False, "auto"):
             raise ValueError(f"`lookahead` must be 'auto', True or False, got {self.lookahead!r}.")
         if not self.rpc_timeout > 0:
@@ -137,6 +141,11 @@ class Mode:
                 "Dual batch size learning runs on the parameter server: use"
                 f" mode='async' with controller='dual', got mode={cls.name!r}."
             )
+
+    @classmethod
+    def controller_name(cls, options: ModeOptions) -> str:
+        """The controller used when the user names none (``default_controller``)."""
+        return cls.default_controller
 
     @classmethod
     def other_boundaries(cls) -> str:

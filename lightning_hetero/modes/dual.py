@@ -1,10 +1,11 @@
 """Dual batch size learning (paper 003): the parameter server with two batch sizes.
 
-``B_S`` ranks train on a small batch, the others on ``B_L``; each rank's share of the epoch's
-samples is fixed so that every rank finishes its epoch within ``extra_time_ratio`` of the
-others. The server scales each rank's updates by its model-update factor: by default the
-``lr_scaling`` rule of its batch share of DDP's global batch ``n * B_L``, applied by the
-server as in async mode (``"auto"``: the linear rule for SGD, the measured-noise rule for
+``n_S`` ranks, the slowest by the time probe, train on a small batch ``B_S``, the others on
+``B_L``; each rank's share of the epoch's samples is fixed so that every rank finishes its
+epoch together, ``extra_time_ratio`` times the all-``B_L`` epoch but never longer than DDP's
+by the probe's fits. The server scales each rank's updates by its model-update factor: by
+default the ``lr_scaling`` rule of its batch share of DDP's global batch ``n * B_L``, applied
+by the server as in async mode (``"auto"``: the linear rule for SGD, the measured-noise rule for
 adaptive optimizers), so each push moves its part of one DDP step; the paper's
 rule (``update_factor="ratio"``: full steps for ``B_L``, ``d_S/d_L`` for ``B_S``) takes
 about ``n`` times DDP's step per sample.
@@ -19,7 +20,13 @@ from torch.utils.data import DataLoader, Sampler
 from lightning_hetero.modes.asynchronous import ParameterServerMode
 from lightning_hetero.modes.base import TimeProbe
 from lightning_hetero.planning import BatchLimits, PlanError
-from lightning_hetero.planning.dual import DualBatchController, DualBatchPlan, plan_dual_batch
+from lightning_hetero.planning.dual import (
+    DualBatchController,
+    DualBatchPlan,
+    TimeModel,
+    plan_dual_batch,
+    plan_dual_batch_by_speed,
+)
 from lightning_hetero.sampler import EpochPermutation, PartitionBatchSampler
 
 __all__ = ["DualBatchMode"]
@@ -84,21 +91,26 @@ class DualBatchMode(ParameterServerMode):
                 f"The large batch size {large} exceeds the per-rank maximum {upper}; lower"
                 " `large_batch_size` or raise `max_batch_size`."
             )
-        time_model = probe_time(large)
-        if time_model.relative_error > 0.1:
-            rank_zero_warn(
-                f"controller='dual': the linear time fit is off by up to"
-                f" {time_model.relative_error:.0%} on the probe {list(time_model.samples)}."
+        probed = probe_time(large)  # one fit per rank (or one for all: paper 003's plan)
+        models = [probed] if isinstance(probed, TimeModel) else list(probed)
+        for rank, model in enumerate(models):
+            if model.relative_error > 0.1:
+                rank_zero_warn(
+                    f"controller='dual': rank {rank}'s linear time fit is off by up to"
+                    f" {model.relative_error:.0%} on the probe {list(model.samples)}."
+                )
+        dataset_size = len(loader.dataset)  # type: ignore[arg-type]
+        small = self.dual.resolve_small_workers(ctx.world_size)
+        dual = self.dual
+        if isinstance(probed, TimeModel):
+            self._reference = plan_dual_batch(
+                probed, dataset_size, ctx.world_size, small, large, dual.extra_time_ratio,
+                dual.update_factor,
+            )  # fmt: skip
+        else:  # the small batches on the slowest ranks, never an epoch slower than DDP's
+            self._reference = plan_dual_batch_by_speed(
+                models, dataset_size, small, large, dual.extra_time_ratio, dual.update_factor
             )
-        self._reference = plan_dual_batch(
-            time_model,
-            len(loader.dataset),  # type: ignore[arg-type]
-            ctx.world_size,
-            self.dual.resolve_small_workers(ctx.world_size),
-            large,
-            self.dual.extra_time_ratio,
-            self.dual.update_factor,
-        )
         return self.rescaled_plan()
 
     def rescaled_plan(self) -> list[int] | None:

@@ -11,6 +11,7 @@ from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
 from lightning_hetero.localsgd import ReplicaMerger
 from lightning_hetero.modes.base import Mode, ModeOptions
 from lightning_hetero.planning import Controller, check_merge_options, merge_weights
+from lightning_hetero.planning.merge import sample_weights
 from lightning_hetero.sampler import EpochPermutation
 
 __all__ = ["LocalSGDMode"]
@@ -22,7 +23,12 @@ class LocalSGDMode(Mode):
     Ranks claim batches of their planned size from a shared pool of ``megabatch_size``
     samples (a counter in the process group's store), so a fast rank makes more updates per
     mega-batch. When a mega-batch is used up, the replicas are merged with weights from
-    their batch sizes and update counts, and the plan is made again from the update counts.
+    their batch sizes and update counts, and the plan is made again from the update counts
+    (``local_steps="equal"``, paper 004: batch sizes follow speed, so every rank makes the
+    same number of updates). With ``local_steps="proportional"`` (the default) the batch
+    sizes stay (the ``static`` controller) and each rank makes updates in proportion to its
+    speed in the same wall time; the merge weighs each replica by its samples. ``outer_lr``
+    adds DiLoCo's outer optimizer to the merge.
     """
 
     name: ClassVar[str] = "local"
@@ -36,6 +42,7 @@ class LocalSGDMode(Mode):
         self._merger: ReplicaMerger | None = None
         self._next_merge = 0  # the next mega-batch of the epoch to merge
         self._updates = 0  # this rank's updates in the current mega-batch
+        self._samples = 0  # and the samples they trained
         #: One record per model merge (weights, update counts, perturbation).
         self.merges: list[dict[str, Any]] = []
 
@@ -49,6 +56,17 @@ class LocalSGDMode(Mode):
                 " lr_scaling='auto' (the square-root rule for adaptive optimizers) or set"
                 " 'sqrt'."
             )
+        if options.local_steps == "proportional" and controller.adapts:
+            raise ValueError(
+                "local_steps='proportional' keeps every rank's batch size and lets each rank"
+                " make updates in proportion to its speed; the"
+                f" {type(controller).__name__} moves batch sizes. Leave `controller` unset"
+                " (static), or set local_steps='equal' (paper 004's equal updates) with it."
+            )
+
+    @classmethod
+    def controller_name(cls, options: ModeOptions) -> str:
+        return "static" if options.local_steps == "proportional" else cls.default_controller
 
     @classmethod
     def other_boundaries(cls) -> str:
@@ -87,7 +105,7 @@ class LocalSGDMode(Mode):
         module = ctx.module
         for tensor in [*module.parameters(), *module.buffers()]:
             ctx.comm.broadcast_tensor(tensor.data)
-        self._merger = ReplicaMerger(module, ctx.rank, self.options.gamma)
+        self._merger = ReplicaMerger(module, ctx.rank, self.options.gamma, self.options.outer_lr)
 
     def step_samples(self, batch_idx: int) -> int | None:
         # the next batch's tag, left in place: `step_layout` consumes it at the step's start
@@ -104,6 +122,7 @@ class LocalSGDMode(Mode):
         while self._next_merge < megabatch:
             self._merge_megabatch()
         self._updates += 1
+        self._samples += local
         plan = self.ctx.plan_state.batch_sizes
         return local, sum(plan), local == plan[self.ctx.rank]
 
@@ -122,16 +141,20 @@ class LocalSGDMode(Mode):
         """Merge the replicas after mega-batch ``_next_merge`` and re-plan (every rank)."""
         assert self._merger is not None and self.replan is not None
         ctx = self.ctx
-        rows = ctx.comm.gather_rows([self._updates, self._merger.norm_per_parameter()])
+        own = [self._updates, self._merger.norm_per_parameter(), self._samples]
+        rows = ctx.comm.gather_rows(own)
         updates = [int(row[0]) for row in rows]
         plan = ctx.plan_state.batch_sizes
-        weights = merge_weights(
-            plan,
-            updates,
-            [row[1] for row in rows],
-            delta=self.options.delta,
-            threshold=self.options.perturb_threshold,
-        )
+        if self.options.local_steps == "proportional":
+            weights = sample_weights([int(row[2]) for row in rows], plan)
+        else:
+            weights = merge_weights(
+                plan,
+                updates,
+                [row[1] for row in rows],
+                delta=self.options.delta,
+                threshold=self.options.perturb_threshold,
+            )
         self._merger.merge(weights.weights)
         self.merges.append(
             {
@@ -144,7 +167,7 @@ class LocalSGDMode(Mode):
             }
         )
         self._next_merge += 1
-        self._updates = 0
+        self._updates = self._samples = 0
         self.replan(updates)
 
     def _finish_epoch(self) -> None:
@@ -156,7 +179,7 @@ class LocalSGDMode(Mode):
 
     def on_train_epoch_start(self) -> None:
         self._next_merge = 0  # a new epoch's mega-batches start at 0
-        self._updates = 0
+        self._updates = self._samples = 0
 
     def on_train_epoch_end(self) -> bool:
         self._finish_epoch()

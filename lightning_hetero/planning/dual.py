@@ -35,6 +35,7 @@ __all__ = [
     "DualBatchPlan",
     "TimeModel",
     "plan_dual_batch",
+    "plan_dual_batch_by_speed",
 ]
 
 _FACTOR_RULES = ("share", "ratio", "sqrt", "none")
@@ -117,10 +118,12 @@ class TimeModel:
 
 @dataclass(frozen=True)
 class DualBatchPlan:
-    """A dual batch plan; ranks ``0..n_L-1`` use ``B_L``, the last ``n_S`` ranks ``B_S``.
+    """A dual batch plan; ranks ``0..n_L-1`` use ``B_L``, the last ``n_S`` ranks ``B_S``
+    (or, planned by speed, the ranks in ``small_ranks``).
 
-    ``large_samples`` and ``small_samples`` are the exact ``d_L`` and ``d_S``;
-    ``samples`` rounds them to integers that sum to the dataset size.
+    ``large_samples`` and ``small_samples`` are the exact ``d_L`` and ``d_S`` (planned by
+    speed: the means over each group, ``rank_samples`` each rank's own); ``samples`` rounds
+    them to integers that sum to the dataset size.
     """
 
     time_model: TimeModel
@@ -134,13 +137,24 @@ class DualBatchPlan:
     small_samples: float
     update_factor: float
     factor_rule: str
+    #: Planned by speed: the ranks with ``B_S`` (the slowest), each rank's exact samples and
+    #: its own time model (empty for paper 003's plan of one time model).
+    small_ranks: tuple[int, ...] = ()
+    rank_samples: tuple[float, ...] = ()
+    rank_models: tuple[TimeModel, ...] = ()
 
     @property
     def large_workers(self) -> int:
         return self.world_size - self.small_workers
 
+    def is_small(self, rank: int) -> bool:
+        """Whether ``rank`` trains with ``B_S``."""
+        if self.rank_models:
+            return rank in self.small_ranks
+        return rank >= self.large_workers
+
     def _per_rank(self, large: Any, small: Any) -> list[Any]:
-        return [large] * self.large_workers + [small] * self.small_workers
+        return [small if self.is_small(k) else large for k in range(self.world_size)]
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -154,7 +168,7 @@ class DualBatchPlan:
         Floors first, then one more sample for the ranks with the largest remainders
         (the lower rank first on ties), so every rank computes the same split.
         """
-        exact = self._per_rank(self.large_samples, self.small_samples)
+        exact = list(self.rank_samples) or self._per_rank(self.large_samples, self.small_samples)
         counts = [math.floor(s) for s in exact]
         left = self.dataset_size - sum(counts)
         order = sorted(range(len(exact)), key=lambda k: (-(exact[k] - counts[k]), k))
@@ -179,14 +193,31 @@ class DualBatchPlan:
     @property
     def predicted_epoch_times(self) -> list[float]:
         """Each rank's epoch time by the time model (Eq. 3)."""
-        model = self.time_model
-        return [model.epoch_time(b, s) for b, s in zip(self.batch_sizes, self.samples)]
+        models = self.rank_models or [self.time_model] * self.world_size
+        return [m.epoch_time(b, s) for m, b, s in zip(models, self.batch_sizes, self.samples)]
+
+    @property
+    def ddp_epoch_time(self) -> float:
+        """An epoch of DDP by the time model(s): ``d / (n B_L)`` steps of ``B_L`` samples on
+        every rank, each as long as the slowest rank's."""
+        models = self.rank_models or [self.time_model]
+        large = self.large_batch_size
+        steps = self.dataset_size / (self.world_size * large)
+        return steps * max(m.predict(large) for m in models)
 
     def rescaled(self, large_batch_size: int, time_model: TimeModel) -> "DualBatchPlan":
         """The same data split with another ``B_L`` and time model (``B_S`` planned again).
 
-        The hybrid scheme uses one per input resolution.
+        The hybrid scheme uses one per input resolution. Planned by speed, every rank's time
+        model is scaled as ``time_model`` is from this plan's, each rank keeps its samples, and
+        ``B_S`` is the smallest batch at which every small rank ends its share no later than
+        the last large rank.
         """
+        if self.rank_models:
+            scale = time_model.a / self.time_model.a if self.time_model.a > 0 else 1.0
+            return self._rescaled_by_speed(
+                large_batch_size, tuple(m.scaled(scale) for m in self.rank_models)
+            )
         return plan_dual_batch(
             time_model,
             self.dataset_size,
@@ -196,6 +227,33 @@ class DualBatchPlan:
             self.extra_time_ratio,
             self.factor_rule,
         )
+
+    def _rescaled_by_speed(self, large: int, models: tuple[TimeModel, ...]) -> "DualBatchPlan":
+        large = _check_count("large_batch_size", large, 2)
+        shares = self.samples
+        small_ranks = [r for r in range(self.world_size) if self.is_small(r)]
+        large_ranks = [r for r in range(self.world_size) if not self.is_small(r)]
+        slowest = max(models, key=lambda m: m.predict(large))
+        if not small_ranks:
+            return replace(
+                self, time_model=slowest, large_batch_size=large, rank_models=models,
+                update_factor=1 / self.world_size if self.factor_rule == "share" else 1.0,
+            )  # fmt: skip
+        ranks = large_ranks or small_ranks  # all small: B_L's epoch is the reference
+        deadline = max(models[r].epoch_time(large, shares[r]) for r in ranks)
+        low, high = 1, large
+        while low < high:
+            mid = (low + high) // 2
+            if all(models[r].epoch_time(mid, shares[r]) <= deadline for r in small_ranks):
+                high = mid
+            else:
+                low = mid + 1
+        factor = low / (self.world_size * large) if self.factor_rule == "share" else None
+        return replace(
+            self, time_model=slowest, large_batch_size=large, small_batch_size=low,
+            rank_models=models,
+            update_factor=self.update_factor if factor is None else factor,
+        )  # fmt: skip
 
     def table(self) -> str:
         """The plan as a fixed-width table, one row per rank, and the time model."""
@@ -210,7 +268,7 @@ class DualBatchPlan:
                 self.predicted_epoch_times,
             )
         ):
-            role = "large" if rank < self.large_workers else "small"
+            role = "small" if self.is_small(rank) else "large"
             rows.append((f"{rank} ({role})", str(b), str(s), str(n), f"{f:.3f}", f"{t:.3g}"))
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
@@ -220,6 +278,12 @@ class DualBatchPlan:
             f" d_S = {self.small_samples:.1f}; time per step = {model.a:.3g} s * batch"
             f" + {model.b:.3g} s (fit error {model.relative_error:.1%})"
         )
+        if self.rank_models:
+            lines[-1] += (
+                "; planned by speed (the slowest rank's fit shown): predicted epoch"
+                f" {max(self.predicted_epoch_times):.3g} s against DDP's"
+                f" {self.ddp_epoch_time:.3g} s"
+            )
         if self.factor_rule == "share":
             lines.append(
                 "update factor: batch share b_k / (n * B_L) of DDP's step; the learning rate"
@@ -358,6 +422,108 @@ def plan_dual_batch(
     )
 
 
+def _rate(model: TimeModel, batch_size: int) -> float:
+    """Samples per second at ``batch_size``."""
+    return batch_size / model.predict(batch_size)
+
+
+def plan_dual_batch_by_speed(
+    rank_models: Sequence[TimeModel],
+    dataset_size: int,
+    small_workers: int,
+    large_batch_size: int,
+    extra_time_ratio: float,
+    update_factor: str = "share",
+) -> DualBatchPlan:
+    """Plan dual batch size learning on ranks of different speeds, one time model each.
+
+    The ``small_workers`` slowest ranks (by their step time at ``B_L``; ranks within 10% of
+    the fastest count as equally fast, and among equals the higher rank is taken) get ``B_S``,
+    the others ``B_L``, and every rank a share of the epoch that it trains in the same time
+    ``T``:
+
+    - ``T_prop = d / sum_k r_k(B_L)``, the epoch with ``B_L`` everywhere and shares in
+      proportion to speed (``r_k(x) = x / t_k(x)`` samples per second);
+      ``T_DDP = d / (n B_L) * max_k t_k(B_L)``, DDP's epoch;
+    - the target is ``min(k * T_prop, T_DDP)``: paper 003's extra time ``k``, but never an
+      epoch slower than DDP's by the models (at equal speeds ``T_prop = T_DDP``, no room for
+      a smaller batch, and ``B_S = B_L``);
+    - the large ranks train ``T * r_k(B_L)`` samples; ``B_S`` is the smallest batch at which
+      the small ranks train the rest in ``T``; then every share is set so that all ranks end
+      together at ``T' = d / sum_k r_k(b_k) <= T``.
+
+    ``update_factor`` as in [`plan_dual_batch`][lightning_hetero.planning.dual.plan_dual_batch]
+    (``"ratio"``: the mean small share over the mean large one).
+
+    Example:
+        >>> fast, slow = TimeModel(a=1.0, b=8.0), TimeModel(a=3.0, b=24.0)
+        >>> plan = plan_dual_batch_by_speed([slow, fast], 1000, 1, 32, 1.05)
+        >>> plan.batch_sizes, plan.samples
+        ([15, 32], [214, 786])
+        >>> round(max(plan.predicted_epoch_times)), round(plan.ddp_epoch_time)
+        (984, 1875)
+    """
+    models = tuple(rank_models)
+    n = _check_count("world_size", len(models), 1)
+    d = _check_count("dataset_size", dataset_size, 1)
+    large = _check_count("large_batch_size", large_batch_size, 2)
+    if isinstance(small_workers, bool) or not isinstance(small_workers, int):
+        raise DualBatchError(f"`small_workers` must be an integer, got {small_workers!r}.")
+    if not 0 <= small_workers <= n:
+        raise DualBatchError(
+            f"`small_workers` must be in [0, {n}] (the number of workers), got {small_workers}."
+        )
+    k = _check_ratio(extra_time_ratio)
+    _check_rule(update_factor)
+    if d < n:
+        raise DualBatchError(f"{n} workers need at least {n} samples, got {d}.")
+    # slowest first; ranks within 10% of the fastest count as equally fast (timing noise),
+    # and among those the last ranks come first, as in paper 003's plan
+    fastest = min(m.predict(large) for m in models)
+    step = [max(m.predict(large), 1.1 * fastest) for m in models]
+    slowest_first = sorted(range(n), key=lambda r: (-step[r], -r))
+    small_ranks = tuple(sorted(slowest_first[:small_workers]))
+    large_ranks = [r for r in range(n) if r not in small_ranks]
+    rates_large = [_rate(m, large) for m in models]
+    t_prop = d / sum(rates_large)
+    t_ddp = d / (n * large) * max(m.predict(large) for m in models)
+    target = min(k * t_prop, t_ddp)
+    small = large
+    if small_ranks:
+        rest = d - target * sum(rates_large[r] for r in large_ranks)
+        if all(models[r].b == 0 for r in small_ranks):
+            raise DualBatchError(
+                "No small batch pays off: the small ranks' per-step time b is 0, so a small"
+                " batch costs no more per sample than the large one."
+            )
+        low, high = 1, large  # the small ranks train `rest` in `target` at B_L already
+        while low < high:
+            mid = (low + high) // 2
+            if target * sum(_rate(models[r], mid) for r in small_ranks) >= rest:
+                high = mid
+            else:
+                low = mid + 1
+        small = low
+    sizes = [small if r in small_ranks else large for r in range(n)]
+    rates = [_rate(m, b) for m, b in zip(models, sizes)]
+    finish = d / sum(rates)
+    exact = tuple(round(finish * rate, 9) for rate in rates)
+    mean_large = sum(exact[r] for r in large_ranks) / len(large_ranks) if large_ranks else 0.0
+    mean_small = sum(exact[r] for r in small_ranks) / len(small_ranks) if small_ranks else 0.0
+    if update_factor == "share":
+        factor = (small if small_ranks else large) / (n * large)
+    elif not large_ranks or not small_ranks:
+        factor = 1.0
+    else:
+        share = math.floor(mean_small) / max(math.floor(mean_large), 1)
+        factor = {"ratio": share, "sqrt": math.sqrt(share), "none": 1.0}[update_factor]
+    slowest = models[slowest_first[0]]
+    return DualBatchPlan(
+        slowest, d, n, len(small_ranks), k, large, small if small_ranks else None,
+        mean_large, mean_small, factor, update_factor, small_ranks, exact, models,
+    )  # fmt: skip
+
+
 class DualBatchController(StaticController):
     """Dual batch size learning (paper 003) for ``HeteroStrategy(mode="async")``.
 
@@ -368,8 +534,11 @@ class DualBatchController(StaticController):
     Args:
         extra_time_ratio: ``k > 1``, the epoch time allowed relative to every worker
             using ``B_L``.
-        small_workers: ``n_S``, workers with the small batch (the last ranks); ``None``:
-            half of them, rounded down, at least one.
+        small_workers: ``n_S``, workers with the small batch (the slowest by the time
+            probe, each rank timed on its own:
+            [`plan_dual_batch_by_speed`][lightning_hetero.planning.dual.plan_dual_batch_by_speed],
+            whose epoch is never longer than DDP's by the fits); ``None``: half of them,
+            rounded down, at least one.
         large_batch_size: ``B_L``; ``None``: the strategy's smallest per-rank maximum
             (``max_batch_size``, measured with ``"auto"``), else the loader's batch size.
         update_factor: ``"share"`` (default): each push moves its batch share of one DDP step,

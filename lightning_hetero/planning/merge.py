@@ -14,6 +14,12 @@ of that average, with no torch import:
   weighted average.
 * [`check_merge_options`][lightning_hetero.planning.merge.check_merge_options] validates the
   strategy's options up front.
+* [`sample_weights`][lightning_hetero.planning.merge.sample_weights] gives each replica its
+  share of the samples trained since the last merge (``local_steps="proportional"``).
+* [`claim_order`][lightning_hetero.planning.merge.claim_order] is who claims which batch of a
+  mega-batch when ranks of different speeds share its pool.
+* [`outer_step`][lightning_hetero.planning.merge.outer_step] is DiLoCo's outer optimizer:
+  Nesterov momentum on the pseudo-gradient ``w_last_merge - merged`` (``outer_lr``).
 """
 
 from collections.abc import Sequence
@@ -22,7 +28,25 @@ from math import isfinite
 from numbers import Integral
 from typing import Any, Literal, TypeVar
 
-__all__ = ["MergeWeights", "check_merge_options", "merge_weights", "momentum_merge"]
+__all__ = [
+    "LOCAL_STEPS",
+    "OUTER_MOMENTUM",
+    "MergeWeights",
+    "check_local_options",
+    "check_merge_options",
+    "claim_order",
+    "merge_weights",
+    "momentum_merge",
+    "outer_step",
+    "sample_weights",
+]
+
+#: ``local_steps`` rules: ``"equal"`` (paper 004: batch sizes follow speed, every rank makes
+#: the same number of updates per merge) or ``"proportional"`` (batch sizes stay, each rank
+#: makes updates in proportion to its speed in the same wall time).
+LOCAL_STEPS = ("equal", "proportional")
+#: The outer optimizer's Nesterov momentum (DiLoCo's 0.9).
+OUTER_MOMENTUM = 0.9
 
 T = TypeVar("T")
 
@@ -33,13 +57,13 @@ class MergeWeights:
 
     ``weights[k]`` multiplies replica ``k``; ``perturbed`` says whether the
     most/least-updated adjustment was applied (then the weights may not sum to 1);
-    ``basis`` is ``"batch"`` (shares of the batch sizes) or ``"updates"`` (shares of
-    the update counts).
+    ``basis`` is ``"batch"`` (shares of the batch sizes), ``"updates"`` (shares of
+    the update counts) or ``"samples"`` (shares of the samples trained).
     """
 
     weights: list[float]
     perturbed: bool
-    basis: Literal["batch", "updates"]
+    basis: Literal["batch", "updates", "samples"]
 
 
 def _check_delta(delta: float) -> None:
@@ -188,3 +212,100 @@ def momentum_merge(merged: T, current: T, previous: T, gamma: float) -> T:
     """
     delta: Any = current - previous  # type: ignore[operator]
     return merged + gamma * delta  # type: ignore[operator,no-any-return]
+
+
+def sample_weights(samples: Sequence[int], batch_sizes: Sequence[int]) -> MergeWeights:
+    """Each replica's share ``n_k / sum_j n_j`` of the ``samples`` it trained since the last
+    merge (``local_steps="proportional"``: a fast rank makes more updates of the same batch
+    size, and its replica counts for the samples it saw; no perturbation).
+
+    With no samples at all (every count zero) the shares of ``batch_sizes`` are used.
+
+    >>> sample_weights([960, 320], [32, 32]).weights
+    [0.75, 0.25]
+    >>> sample_weights([0, 0], [16, 48]).weights
+    [0.25, 0.75]
+    """
+    counts, sizes = [int(n) for n in samples], [int(b) for b in batch_sizes]
+    if not counts or len(sizes) != len(counts):
+        raise ValueError(
+            f"Got {len(counts)} sample counts and {len(sizes)} batch sizes: one of each per rank."
+        )
+    if min(sizes) < 0 or min(counts) < 0:
+        raise ValueError(f"Sample counts {counts} and batch sizes {sizes} must be >= 0.")
+    total = sum(counts)
+    if total == 0:
+        if sum(sizes) == 0:
+            raise ValueError("All sample counts and batch sizes are zero: nothing to weight by.")
+        return MergeWeights([b / sum(sizes) for b in sizes], perturbed=False, basis="batch")
+    return MergeWeights([n / total for n in counts], perturbed=False, basis="samples")
+
+
+def claim_order(
+    seconds_per_sample: Sequence[float], batch_sizes: Sequence[int], megabatch: int
+) -> list[tuple[int, int]]:
+    """``(rank, samples)`` of each claim on a pool of ``megabatch`` samples, in claim order.
+
+    Every rank starts at the merge; each claims its batch (the last claim takes what is left)
+    when its previous step ends, a step of ``b`` samples taking ``b * seconds_per_sample[k]``
+    (ties to the lower rank), until the pool is used up. With even batch sizes each rank
+    makes updates in proportion to its speed within the same wall time
+    (``local_steps="proportional"``); with batch sizes in proportion to speed every rank
+    makes the same number (``"equal"``, paper 004).
+
+    >>> claim_order([1.0, 3.0], [2, 2], 8)
+    [(0, 2), (1, 2), (0, 2), (0, 2)]
+    """
+    if len(seconds_per_sample) != len(batch_sizes) or not batch_sizes:
+        raise ValueError("claim_order needs one time per sample and one batch size per rank.")
+    if min(batch_sizes) < 1 or not all(isfinite(c) and c > 0 for c in seconds_per_sample):
+        raise ValueError(
+            f"Batch sizes {list(batch_sizes)} must be >= 1 and times per sample"
+            f" {list(seconds_per_sample)} finite and > 0."
+        )
+    free = [0.0] * len(batch_sizes)  # when each rank's last step ends
+    claims: list[tuple[int, int]] = []
+    left = int(megabatch)
+    while left > 0:
+        rank = min(range(len(free)), key=lambda k: (free[k], k))
+        size = min(int(batch_sizes[rank]), left)
+        claims.append((rank, size))
+        left -= size
+        free[rank] += size * seconds_per_sample[rank]
+    return claims
+
+
+def check_local_options(local_steps: str, outer_lr: float | None, gamma: float) -> None:
+    """Validate ``local_steps`` and ``outer_lr`` (with ``gamma``); raise ``ValueError`` if bad."""
+    if local_steps not in LOCAL_STEPS:
+        raise ValueError(f"`local_steps` must be one of {list(LOCAL_STEPS)}, got {local_steps!r}.")
+    if outer_lr is None:
+        return
+    if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)):
+        raise ValueError(f"`outer_lr` must be a number or None, got {outer_lr!r}.")
+    if not (isfinite(outer_lr) and outer_lr > 0):
+        raise ValueError(f"`outer_lr` must be finite and > 0 (None: plain merges), got {outer_lr}.")
+    if gamma > 0:
+        raise ValueError(
+            f"`outer_lr` ({outer_lr}) and `gamma` ({gamma}) are both momentum on the merged"
+            " model: set one of them (gamma=0 with the outer optimizer, or outer_lr=None)."
+        )
+
+
+def outer_step(
+    anchor: T, merged: T, buffer: T | None, lr: float, momentum: float = OUTER_MOMENTUM
+) -> tuple[T, T]:
+    """DiLoCo's outer step: Nesterov momentum on the pseudo-gradient ``g = anchor - merged``.
+
+    ``anchor`` is the global model after the last merge, ``merged`` the weighted average of
+    the replicas now, ``buffer`` the momentum buffer (``None`` before the first merge). As
+    ``torch.optim.SGD(nesterov=True)``: ``buffer' = momentum * buffer + g`` and the new
+    global model is ``anchor - lr * (g + momentum * buffer')``. Returns ``(new, buffer')``.
+    ``lr=1, momentum=0`` gives ``merged`` itself.
+
+    >>> outer_step(1.0, 0.8, None, 0.5)
+    (0.81, 0.19999999999999996)
+    """
+    grad: Any = anchor - merged  # type: ignore[operator]
+    velocity: Any = grad if buffer is None else momentum * buffer + grad  # type: ignore[operator]
+    return anchor - lr * (grad + momentum * velocity), velocity  # type: ignore[operator,return-value]

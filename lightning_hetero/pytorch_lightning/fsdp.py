@@ -30,7 +30,8 @@ __all__ = ["HeteroFSDPStrategy"]
 FSDP_MODES = {ShardedMode.name: ShardedMode}
 #: HeteroStrategy's options that only DDP modes have.
 _DDP_ONLY = ("weighted", "lr_scaling", "lookahead", "rpc_timeout", "megabatch_size", "delta")
-_DDP_ONLY += ("perturb_threshold", "gamma", "ddp_comm_hook", "find_unused_parameters")
+_DDP_ONLY += ("perturb_threshold", "gamma", "local_steps", "outer_lr")
+_DDP_ONLY += ("ddp_comm_hook", "find_unused_parameters")
 
 
 @plain_docstring  # LightningCLI's --help prints it: plain text (the site reads the source)

@@ -119,7 +119,15 @@ def main() -> None:
     pl.seed_everything(0, verbose=False)
     options = {
         key: config[key]
-        for key in ("lr_scaling", "megabatch_size", "gamma", "delta", "rpc_timeout", "controller")
+        for key in (
+            "lr_scaling",
+            "megabatch_size",
+            "gamma",
+            "delta",
+            "rpc_timeout",
+            "controller",
+            "local_steps",
+        )
         if key in config
     }
     strategy = HeteroStrategy(

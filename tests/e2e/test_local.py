@@ -48,6 +48,7 @@ def test_paper_settings_with_momentum_and_slow_ranks_rebalance_and_learn(tmp_pat
         lr=0.05,
         gamma=0.9,
         megabatch_size=192,
+        local_steps="equal",  # paper 004: batch sizes follow speed
         batch_sizes=[16, 16, 16],
         sample_cost=[0.008, 0.004, 0.002],
     )

@@ -62,3 +62,17 @@ def test_a_controllers_plan_change_is_refused_as_the_dual_plan_is_fixed():
     mode = _planned()
     with pytest.raises(RuntimeError, match="dual batch size plan is fixed"):
         mode.apply_plan([4, 4], from_step=None)
+
+
+def test_a_probe_per_rank_puts_the_small_batch_on_the_slow_rank_whichever_it_is():
+    # the probe's fits, rank 0 three times slower: it gets B_S, rank 1 keeps B_L
+    controller = DualBatchController(small_workers=1, large_batch_size=LARGE)
+    mode, _ = bound("async", [LARGE, LARGE], world_size=2, controller=controller)
+    assert isinstance(mode, DualBatchMode)
+    loader = DataLoader(TensorDataset(torch.zeros(SAMPLES, 1)), batch_size=LARGE)
+    slow, fast = TimeModel(a=0.03, b=0.15), TimeModel(a=0.01, b=0.05)
+    plan = mode.first_plan(loader, lambda largest: [slow, fast])
+    assert plan is not None and plan[1] == LARGE and plan[0] < LARGE
+    dual = mode.dual_plan
+    assert dual is not None and dual.small_ranks == (0,) and sum(dual.samples) == SAMPLES
+    assert max(dual.predicted_epoch_times) <= dual.ddp_epoch_time

@@ -64,3 +64,31 @@ def test_replicas_merge_after_each_megabatch_and_replan_with_the_update_counts(g
     assert replans == [[2], [2]]
     assert [merge["megabatch"] for merge in mode.merges] == [0, 1]
     assert all(merge["weights"] == [1.0] for merge in mode.merges)
+
+
+def test_proportional_local_steps_keep_the_batch_sizes_and_refuse_a_controller_that_moves_them():
+    from lightning_hetero.planning import StaticController
+
+    mode, _ = _local([4, 4])  # the default: local_steps="proportional"
+    assert isinstance(mode.controller, StaticController)  # each rank's steps follow its speed
+    mode, _ = _local([4, 4], local_steps="equal")
+    assert mode.controller.name == "updates"  # paper 004's controller
+    with pytest.raises(ValueError, match="local_steps='proportional' keeps"):
+        _local([4, 4], controller="updates")
+
+
+def test_the_outer_optimizer_moves_the_merged_model_by_nesterov_on_the_pseudo_gradient():
+    from lightning_hetero.localsgd import ReplicaMerger
+
+    module = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        module.weight.fill_(1.0)
+    merger = ReplicaMerger(module, rank=0, gamma=0.0, outer_lr=0.5)
+    with torch.no_grad():
+        module.weight.fill_(0.8)  # the replica's local steps (one rank: the average itself)
+    merger.merge([1.0])
+    assert module.weight.item() == pytest.approx(1.0 - 0.5 * (0.2 + 0.9 * 0.2))  # 0.81
+    with torch.no_grad():
+        module.weight.fill_(0.71)
+    merger.merge([1.0])
+    assert module.weight.item() == pytest.approx(0.81 - 0.5 * (0.1 + 0.9 * 0.28))  # 0.634

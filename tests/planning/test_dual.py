@@ -2,6 +2,7 @@
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from lightning_hetero.planning import (
     make_controller,
     plan_dual_batch,
 )
+from lightning_hetero.planning.dual import plan_dual_batch_by_speed
 from lightning_hetero.planning.memory import least_squares_line
 
 # Paper 003 does not print its fitted a and b, only Table III's B_S. Every b/a in
@@ -229,3 +231,76 @@ def test_time_model_fit_weighs_relative_error_so_small_batches_set_the_per_step_
     assert model.b > 0  # plain least squares gives a negative intercept here
     assert least_squares_line(samples)[0] < 0 < least_squares_line(samples, relative=True)[0]
     assert plan_dual_batch(model, 1438, 4, 2, 32, 1.05).small_batch_size >= 1
+
+
+# ---------------------------------------------------------------- issue 41: planned by speed
+FAST = TimeModel(a=1.0, b=8.0)  # 40 s per step of 32
+SLOW = TimeModel(a=3.0, b=24.0)  # 3x slower
+
+
+def test_by_speed_the_small_batches_go_to_the_slowest_ranks_wherever_they_are():
+    plan = plan_dual_batch_by_speed([SLOW, FAST, FAST, FAST], 1000, 1, 32, 1.05)
+    assert plan.small_ranks == (0,) and plan.batch_sizes[1:] == [32, 32, 32]
+    assert 1 <= plan.batch_sizes[0] < 32
+    plan = plan_dual_batch_by_speed([FAST, SLOW, FAST, SLOW], 1000, 2, 32, 1.05)
+    assert plan.small_ranks == (1, 3)
+    assert plan.batch_sizes[0] == plan.batch_sizes[2] == 32
+    # equal speeds: the last ranks, as paper 003's plan
+    assert plan_dual_batch_by_speed([FAST] * 4, 1000, 2, 32, 1.05).small_ranks == (2, 3)
+
+
+def test_by_speed_two_ranks_by_hand():
+    # r_fast(32) = 32/40 = 0.8, r_slow(32) = 32/120; T_prop = 1000/(16/15) = 937.5 s,
+    # T_DDP = 1000/64 * 120 = 1875 s; target 1.05 * 937.5: the fast rank trains 787.5 samples,
+    # the slow one must train 212.5 in 984.4 s: x / (3x + 24) >= 0.2159 -> B_S = 15
+    plan = plan_dual_batch_by_speed([SLOW, FAST], 1000, 1, 32, 1.05)
+    assert plan.batch_sizes == [15, 32] and plan.samples == [214, 786]
+    assert plan.ddp_epoch_time == pytest.approx(1875.0)
+    times = plan.predicted_epoch_times
+    one_sample = SLOW.epoch_time(15, 1)  # whole samples: a rank may take one more
+    assert max(times) <= 1.05 * 937.5 + one_sample and max(times) - min(times) < one_sample
+
+
+def test_by_speed_an_epoch_is_never_slower_than_ddps_by_the_time_models():
+    rng = random.Random(41)
+    for _ in range(300):
+        n = rng.randint(2, 8)
+        models = [TimeModel(a=rng.uniform(0.1, 3.0), b=rng.uniform(0.5, 50.0)) for _ in range(n)]
+        d, large = rng.randint(n * 40, 5000), rng.randint(8, 256)
+        plan = plan_dual_batch_by_speed(models, d, rng.randint(0, n), large, rng.uniform(1.01, 1.5))
+        assert sum(plan.samples) == d and all(s >= 0 for s in plan.samples)
+        slowest_step = max(m.predict(1) for m in models)  # rounding: one sample per rank at most
+        assert max(plan.predicted_epoch_times) <= plan.ddp_epoch_time + slowest_step
+        small = plan.small_batch_size
+        assert small is None or 1 <= small <= large
+
+
+def test_by_speed_at_equal_speeds_there_is_no_room_for_a_smaller_batch():
+    plan = plan_dual_batch_by_speed([FAST] * 4, 1000, 2, 32, 1.1)
+    assert plan.batch_sizes == [32] * 4 and plan.samples == [250] * 4
+    assert max(plan.predicted_epoch_times) == pytest.approx(plan.ddp_epoch_time)
+
+
+def test_by_speed_rescaled_keeps_the_slow_ranks_small():
+    plan = plan_dual_batch_by_speed([SLOW, FAST], 1000, 1, 32, 1.05)
+    again = plan.rescaled(64, plan.time_model.scaled(0.5))
+    assert again.small_ranks == (0,) and again.batch_sizes[1] == 64
+    assert again.samples != plan.samples or again.batch_sizes != plan.batch_sizes
+    with pytest.raises(DualBatchError, match="per-step time b is 0"):
+        plan_dual_batch_by_speed([TimeModel(a=1.0, b=0.0)] * 2, 1000, 1, 32, 1.05)
+
+
+def test_by_speed_rescaled_keeps_each_ranks_samples_and_ends_the_small_ranks_in_time():
+    plan = plan_dual_batch_by_speed([SLOW, FAST, FAST], 1200, 1, 32, 1.05)
+    for large, per_sample in ((64, 0.5), (16, 2.0)):
+        again = plan.rescaled(large, plan.time_model.scaled(per_sample))
+        assert again.samples == plan.samples and again.small_ranks == (0,)
+        times = again.predicted_epoch_times
+        assert times[0] <= max(times[1:])  # the small rank ends no later than the large ones
+        smaller = replace(again, small_batch_size=again.small_batch_size - 1)
+        assert again.small_batch_size == 1 or smaller.predicted_epoch_times[0] > max(times[1:])
+
+
+def test_by_speed_ranks_within_timing_noise_count_as_equally_fast():
+    noisy = [TimeModel(a=1.0, b=8.0 * f) for f in (1.05, 1.0, 1.08, 1.02)]
+    assert plan_dual_batch_by_speed(noisy, 1000, 2, 32, 1.05).small_ranks == (2, 3)

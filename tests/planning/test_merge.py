@@ -1,15 +1,20 @@
 """Tests for lightning_hetero/planning/merge.py: local-SGD merging weights and momentum."""
 
 import math
+from collections import Counter
 
 import pytest
 import torch
 
 from lightning_hetero.planning.merge import (
     MergeWeights,
+    check_local_options,
     check_merge_options,
+    claim_order,
     merge_weights,
     momentum_merge,
+    outer_step,
+    sample_weights,
 )
 
 SMALL = [0.01, 0.02, 0.05]  # every replica norm below the default threshold 0.1
@@ -195,3 +200,70 @@ def test_weighted_average_then_momentum_end_to_end() -> None:
     merged = sum(w * r for w, r in zip(weights, replicas))
     result = momentum_merge(merged, torch.tensor([1.0, 1.0]), torch.tensor([0.0, 2.0]), 0.5)
     torch.testing.assert_close(result, torch.tensor([2.0, 0.5]))
+
+
+# ---------------------------------------------------------------- issue 41: local steps, outer step
+def test_outer_step_is_nesterov_on_the_pseudo_gradient_by_hand() -> None:
+    # g = 1.0 - 0.8 = 0.2; v = 0.2; w = 1.0 - 0.5 * (0.2 + 0.9 * 0.2) = 0.81
+    new, velocity = outer_step(1.0, 0.8, None, 0.5)
+    assert new == pytest.approx(0.81) and velocity == pytest.approx(0.2)
+    # g = 0.81 - 0.71 = 0.1; v = 0.9 * 0.2 + 0.1 = 0.28; w = 0.81 - 0.5 * (0.1 + 0.9 * 0.28)
+    new, velocity = outer_step(new, 0.71, velocity, 0.5)
+    assert new == pytest.approx(0.634) and velocity == pytest.approx(0.28)
+
+
+def test_outer_step_at_lr_one_without_momentum_is_the_merged_model() -> None:
+    assert outer_step(1.0, 0.8, None, 1.0, momentum=0.0)[0] == pytest.approx(0.8)
+
+
+def test_outer_step_matches_torch_sgd_with_nesterov_on_tensors() -> None:
+    anchor = torch.tensor([1.0, -2.0, 0.5])
+    reference = torch.nn.Parameter(anchor.clone())
+    sgd = torch.optim.SGD([reference], lr=0.7, momentum=0.9, nesterov=True)
+    velocity = None
+    for merged_offset in ([0.1, 0.2, -0.3], [0.05, -0.1, 0.2], [0.3, 0.0, 0.1]):
+        merged = anchor - torch.tensor(merged_offset)
+        reference.grad = (anchor - merged).clone()  # the pseudo-gradient
+        sgd.step()
+        anchor, velocity = outer_step(anchor, merged, velocity, 0.7)
+        assert torch.allclose(anchor, reference.detach(), atol=1e-6)
+
+
+def test_claims_from_a_shared_pool_follow_speed_with_even_batches() -> None:
+    # proportional local steps: a 3x faster rank makes 3x the updates in the same wall time
+    counts = Counter(rank for rank, _ in claim_order([1.0, 3.0], [32, 32], 1280))
+    assert counts == {0: 30, 1: 10}
+    counts = Counter(rank for rank, _ in claim_order([1.0, 1.0, 1.0, 3.0], [32] * 4, 1280))
+    assert counts == {0: 12, 1: 12, 2: 12, 3: 4}
+    # paper 004's equal-updates rule: batch sizes in proportion to speed, equal counts
+    counts = Counter(rank for rank, _ in claim_order([1.0, 3.0], [96, 32], 1280))
+    assert counts == {0: 10, 1: 10}
+    claims = claim_order([1.0, 3.0], [32, 32], 100)
+    assert sum(size for _, size in claims) == 100 and claims[-1] == (0, 4)  # the rest
+
+
+def test_both_local_step_rules_merge_by_samples() -> None:
+    # proportional: even batches, counts 30 : 10 -> the samples' shares
+    assert sample_weights([30 * 32, 10 * 32], [32, 32]).weights == [0.75, 0.25]
+    # equal updates: batches 96 : 32, the same counts -> the batch shares, the same weights
+    assert merge_weights([96, 32], [10, 10]).weights == [0.75, 0.25]
+    weights = sample_weights([0, 0], [16, 48])  # nothing trained yet: the batch shares
+    assert weights.weights == [0.25, 0.75] and weights.basis == "batch"
+    with pytest.raises(ValueError, match="one of each per rank"):
+        sample_weights([1], [1, 2])
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("even", None, 0.0), "local_steps"),
+        (("equal", 0.0, 0.0), "outer_lr"),
+        (("equal", math.nan, 0.0), "outer_lr"),
+        (("equal", "0.7", 0.0), "outer_lr"),
+        (("equal", 0.7, 0.5), "both momentum"),
+    ],
+)
+def test_local_options_are_refused_at_once(args: tuple, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_local_options(*args)
+    check_local_options("proportional", 0.7, 0.0)  # fine
