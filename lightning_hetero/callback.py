@@ -174,7 +174,10 @@ class HeteroCallback(Callback):
         self.summary = fit_summary(history, plan, where, adapts=replanner.controller.adapts)
         if not quiet(self.summary):
             rank_zero_info(summary_line(self.summary))
-        self._send(trainer, summary_metrics(self.summary), logging_step(trainer))
+        # at the last boundary's epoch (after the loop, `current_epoch` is one past it)
+        metrics = {**summary_metrics(self.summary), "epoch": history[-1]["epoch"]}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=logging_step(trainer))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("hetero/summary", summary_table(self.summary))

@@ -105,3 +105,38 @@ def test_a_static_controller_holds_nothing():
     assert fit_summary(history, [10, 6])["holds"] == 2
     static = fit_summary(history, [10, 6], adapts=False)
     assert static["holds"] == 0 and quiet(static)
+
+
+def test_a_fit_keeps_and_logs_its_summary_at_the_last_boundarys_epoch(tmp_path):
+    import csv
+
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_hetero import HeteroCallback, HeteroStrategy
+
+    callback = HeteroCallback(tensorboard_layout=False)
+    trainer = pl.Trainer(
+        strategy=HeteroStrategy(),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        limit_train_batches=3,
+        limit_val_batches=0,
+        callbacks=[callback],
+        logger=CSVLogger(tmp_path, name="csv"),
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+    )
+    trainer.fit(BoringModel())
+    summary = callback.summary
+    assert summary is not None and summary["boundaries"] == 2
+    assert summary["final_plan"] == trainer.strategy.batch_sizes
+    assert str(tmp_path) in summary["pictures"]  # the CSV log to draw
+    with open(trainer.loggers[0].experiment.metrics_file_path) as f:
+        rows = [row for row in csv.DictReader(f) if row.get("hetero/summary/replans")]
+    (row,) = rows
+    assert (row["epoch"], row["step"]) == ("1", "6")  # the last epoch, after its 6 steps
+    assert float(row["hetero/summary/batch_size/rank0"]) == summary["final_plan"][0]
