@@ -11,6 +11,8 @@ from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero import StragglerReport
+from lightning_hetero.planning.stragglers import Verdict
+from lightning_hetero.straggler import describe
 
 
 @pytest.mark.parametrize("every", [0, -1])
@@ -100,3 +102,33 @@ def test_a_fit_reports_every_n_steps_logs_the_strategys_tags_and_removes_its_hoo
         logged[0]["hetero/throughput/rank0"], 4 / logged[0]["hetero/compute_time/rank0"]
     )
     assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+
+
+def _entry(compute, waits, setter, allowed=1.5, plan=(12, 4)):
+    return {
+        "epoch": 0,
+        "step": 12,
+        "compute_times": compute,
+        "wait_times": waits,
+        "pace_setter": setter,
+        "batch_sizes": [8, 8],
+    }, Verdict(setter, 3.0 if setter is not None else 1.0, allowed, list(plan))
+
+
+def test_the_line_names_the_pace_setter_by_how_much_and_the_allowed_gain_with_its_plan():
+    line = describe(*_entry([0.05, 0.15], [0.1, 0.0], 1))
+    for said in (
+        "StragglerReport (epoch 0, step 12): rank 1 sets the pace",
+        "3.00x the other ranks' median",
+        "allowed 1.50x faster steps than with the global batch of 16 split evenly",
+        "with the plan [12, 4]",
+    ):
+        assert said in line, (said, line)
+
+
+def test_the_line_says_when_no_rank_sets_the_pace_or_a_rank_has_no_timings():
+    assert "no rank sets the pace beyond the timing noise" in describe(
+        *_entry([0.05, 0.051], [0.0, 0.0], None, allowed=1.0, plan=(8, 8))
+    )
+    untimed = describe(*_entry([0.05, math.nan], [0.0, math.nan], None, allowed=math.nan))
+    assert untimed.endswith("no timed steps on rank(s) [1] since the last report.")
