@@ -11,6 +11,7 @@ from lightning_hetero.planning.dual import (
     DualBatchPlan,
     TimeModel,
     plan_dual_batch,
+    plan_dual_batch_by_speed,
 )
 from lightning_hetero.planning.guard import StepTimeGuard, damped_plan
 from lightning_hetero.planning.lbbsp import LBBSPController
@@ -96,6 +97,7 @@ __all__ = [
     "momentum_merge",
     "optimal_step_time",
     "plan_dual_batch",
+    "plan_dual_batch_by_speed",
     "probe_sizes",
     "proportional_split",
     "solve_plan",
