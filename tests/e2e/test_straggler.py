@@ -12,7 +12,7 @@ import json
 
 from tests.e2e.launch import run_script
 
-BUSY = 0.04  # every rank's forward, each step
+BUSY = 0.08  # every rank's forward, each step: long beside the loop's own noisy work
 DELAY = 0.1  # rank 1's backward, each step of epoch 0
 
 
