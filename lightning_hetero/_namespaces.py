@@ -52,6 +52,7 @@ TWINNED = (
     "emulate",
     "engine",
     "fsdp",
+    "microbatch",
     "progressive",
     "straggler",
     "strategy",

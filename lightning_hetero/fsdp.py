@@ -19,6 +19,7 @@ from lightning_hetero._lightning import model_parallel_setup
 from lightning_hetero._namespaces import SameCopy
 from lightning_hetero._options import keywords, refuse_unknown
 from lightning_hetero.engine import HeteroEngine, HeteroOptions, hetero_parts
+from lightning_hetero.microbatch import MicroBatches
 from lightning_hetero.modes import ModeOptions, ShardedMode
 from lightning_hetero.planning import Controller
 
@@ -30,6 +31,28 @@ FSDP_MODES = {ShardedMode.name: ShardedMode}
 _DDP_ONLY = ("weighted", "lr_scaling", "lookahead", "rpc_timeout", "megabatch_size", "delta")
 _DDP_ONLY += ("perturb_threshold", "gamma", "local_steps", "outer_lr")
 _DDP_ONLY += ("ddp_comm_hook", "find_unused_parameters")
+
+
+class _ShardedMicroBatches(MicroBatches):
+    """``HeteroFSDPStrategy``'s micro-batches: FSDP decides in the forward (reshard after
+    it?) and in the backward (reduce-scatter, reshard after it?), so its switches stay held
+    from a step's first micro-batch to its last (``UnshardedAccumulation``)."""
+
+    def __init__(self, strategy: Any) -> None:
+        super().__init__(strategy)
+        self.accumulation = UnshardedAccumulation()
+
+    @override
+    def forward(self, last: bool) -> AbstractContextManager[Any]:
+        if last:
+            self.accumulation.release()
+        else:
+            self.accumulation.hold(self.strategy.model)
+        return nullcontext()
+
+    @override
+    def failed(self) -> None:
+        self.accumulation.abandon(self.strategy.model)
 
 
 @plain_docstring  # LightningCLI's --help prints it: plain text (the site reads the source)
@@ -73,6 +96,7 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
 
     strategy_name = "hetero_fsdp"
     micro_batches_hold_more = True  # every unit gathered from a step's first micro-batch on
+    micro_batches_class = _ShardedMicroBatches
 
     def __init__(
         self,
@@ -136,7 +160,6 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
             timeout=timeout,
         )
         self.mode, self.shard_modules = mode, shard_modules
-        self._accumulation = UnshardedAccumulation()
         self._start_hetero(training_mode, plan_state, shared)
 
     @override
@@ -174,20 +197,6 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     def _training_step(self, *args: Any, **kwargs: Any) -> Any:
         with self.precision_plugin.train_step_context():
             return self.training_mode.redirect(self.model, "training_step", *args, **kwargs)
-
-    @override
-    def _micro_forward(self, last: bool) -> AbstractContextManager[Any]:
-        # FSDP decides in the forward (reshard after it?) and in the backward (reduce-scatter,
-        # reshard after it?): the switches stay held from the first micro-batch to the last
-        if last:
-            self._accumulation.release()
-        else:
-            self._accumulation.hold(self.model)
-        return nullcontext()
-
-    @override
-    def _micro_failed(self) -> None:
-        self._accumulation.abandon(self.model)
 
     @override
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:

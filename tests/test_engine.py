@@ -76,6 +76,7 @@ def _holders_of(obj: object, kind: type, seen: set[int] | None = None, depth: in
     for key, value in children:
         if isinstance(value, kind):
             found.append(key)
+            continue  # what it holds is its own (a strategy holds its micro-batch executor)
         found += [f"{key}.{p}" for p in _holders_of(value, kind, seen, depth + 1)]
     return found
 

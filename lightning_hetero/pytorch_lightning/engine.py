@@ -9,16 +9,14 @@ Each strategy adds its constructor and how it wraps the model.
 """
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
-from pytorch_lightning.callbacks import GradientAccumulationScheduler
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
-from lightning_utilities.core.rank_zero import rank_zero_info
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -33,34 +31,21 @@ from lightning_hetero.pytorch_lightning._data import (
     with_batch_sampler,
 )
 from lightning_hetero.pytorch_lightning._lightning import (
-    LOOP_COUNTS,
     check_own_sigterm_only,
     in_training_batch,
     name_unused_parameters_fix,
     request_train_reload,
-    running_hook,
-    set_logged_batch,
-    set_loop_counts,
-    set_validation_steps,
 )
 from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.pytorch_lightning.callback import HeteroCallback
 from lightning_hetero.collectives import Collectives, destroy_at_exit, is_mean, weighted_mean_
 from lightning_hetero.context import RunContext
 from lightning_hetero.pytorch_lightning.emulate import Throttle
-from lightning_hetero.microbatch import (
+from lightning_hetero.pytorch_lightning.microbatch import (
     FirstSamples,
+    MicroBatches,
     check_micro_batch_size,
-    converted_accumulation,
-    ddp_loader_batches,
-    limited_batches,
-    local_metric_syncs,
     micro_bounds,
-    micro_sizes,
-    note_collective_in_micro_batch,
-    split_batch,
-    step_loss,
-    validates_after,
 )
 from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
@@ -134,6 +119,13 @@ def _remove(items: list[Any], item: Any) -> None:
     items[:] = [other for other in items if other is not item]
 
 
+def _batch_norm_minimum(module: torch.nn.Module | None) -> int:
+    """The smallest batch ``module`` trains on: 2 with BatchNorm (a batch of one has no
+    variance: BatchNorm refuses to train on it), else 1."""
+    batch_norm = module is not None and any(isinstance(m, _BatchNorm) for m in module.modules())
+    return 2 if batch_norm else 1
+
+
 class HeteroEngine:
     """Per-rank batch sizes for a Lightning ``ParallelStrategy`` (mix in before it).
 
@@ -152,6 +144,9 @@ class HeteroEngine:
     #: unit gathered for the whole step): ``micro_batch_size="auto"`` then probes held
     #: micro-batches (DDP's hold what an ordinary step holds: it probes ordinary steps).
     micro_batches_hold_more: ClassVar[bool] = False
+    #: The executor of a step's micro-batches (a strategy whose micro-batches hold something
+    #: across a step gives its own: ``HeteroFSDPStrategy``).
+    micro_batches_class: ClassVar[type[MicroBatches]] = MicroBatches
 
     def _start_hetero(
         self, training_mode: Mode, plan_state: PlanState, shared: HeteroOptions
@@ -176,27 +171,15 @@ class HeteroEngine:
         self.micro_bounds: list[int] | None = None
         #: Samples of the micro-batch running now (``None`` outside micro-batched steps).
         self.micro_batch_samples: int | None = None
-        # the step's micro-batches after its first: ``(batch, samples, other args, kwargs)``
-        self._micro_rest: list[tuple[Any, int, tuple[Any, ...], dict[str, Any]]] = []
-        # the step's whole batch and share, put back once its micro-batches ran
-        self._micro_whole: tuple[Any, tuple[int, int]] | None = None
-        # a micro-batch before this rank's last of the step runs (its training step and its
-        # backward): step-level syncs stay local, as the ranks run different counts of them
-        self._micro_local = False
+        #: Runs each training step's micro-batches (see ``MicroBatches``).
+        self.micro = self.micro_batches_class(self)
         #: The run the re-planner, the mode and the probes work in (made at set-up).
         self.context: RunContext | None = None
         self._optimizers_ready = False  # set-up has built the optimizers
         # what set-up changed outside the strategy (environment variables, the Trainer's
         # callbacks), undone at teardown: the process is left as it was found
         self._undo: list[Callable[[], None]] = []
-        # the Trainer whose loop counts this run set, and the user's values, put back at teardown
-        self._user_loop_counts: tuple[Any, dict[str, int | float]] | None = None
         self._reload_after_setup = False  # the training data was loaded before that
-        # accumulation taken over: the user's `val_check_interval` and
-        # `limit_train_batches`, and DDP's loader batches per epoch and validation interval
-        self._ddp_counts: tuple[Any, Any] = (1.0, 1.0)
-        self._ddp_batches, self._ddp_every = 0, None
-        self._undo_validation: Callable[[], None] | None = None
 
     # ---------------------------------------------------------------- public state
     @property
@@ -336,7 +319,7 @@ class HeteroEngine:
         self._check_process_group()
         self.context = self._make_context()
         self.replanner.bind(self.context)  # and the mode, which re-plans through it
-        self._note_batch_norm()
+        self.plan_state.default_min = _batch_norm_minimum(self.lightning_module)
         self.plan_state.check_world(self.world_size)
         if self.micro_batch_size not in (None, "auto"):
             self.micro_bounds = micro_bounds(self.micro_batch_size, self.world_size)
@@ -354,67 +337,15 @@ class HeteroEngine:
                 f"{self.training_mode.option_text()} does not synchronize ranks at every step;"
                 " SyncBatchNorm (`sync_batchnorm=True`) needs mode='bsp'."
             )
-        self._take_over_accumulation(trainer)
+        self.micro.take_over(trainer)
         self.training_mode.setup_environment()
-
-    def _take_over_accumulation(self, trainer: "pl.Trainer") -> None:
-        """Run Lightning's ``accumulate_grad_batches=N`` as one global batch per optimizer step.
-
-        Where the mode takes accumulation over (``Mode.takes_over_accumulation``: DDP's
-        ``"bsp"``), the ``N * b * K`` samples of a step are planned together and each rank's
-        share runs as micro-batches of at most the loader batch ``b`` (set once the loader is
-        seen), so the share follows the speeds; Lightning runs with accumulation 1 and its
-        batch counts become optimizer steps (see docs/memory.md, "the accumulation story").
-        Elsewhere each accumulated batch is planned on its own, as before, and
-        ``micro_batch_size`` beside accumulation is refused. Beside a
-        ``GradientAccumulationScheduler`` nothing is taken over: Lightning refuses
-        ``accumulate_grad_batches`` with it itself (at the start of training).
-        """
-        state = self.plan_state
-        state.accumulation = 1
-        if self.micro_batch_size is None:
-            self.micro_bounds = None  # a previous fit's, from its loader batch
-        accumulate = trainer.accumulate_grad_batches
-        mode = self.training_mode
-        if not self.lightning_module.automatic_optimization:
-            return  # Lightning refuses accumulation with manual optimization itself
-        if any(isinstance(cb, GradientAccumulationScheduler) for cb in trainer.callbacks):
-            return  # Lightning refuses it beside `accumulate_grad_batches` (on_train_start)
-        if not mode.takes_over_accumulation:
-            if self.micro_batch_size is not None and accumulate != 1:
-                raise ValueError(
-                    f"{type(self).__name__}(micro_batch_size={self.micro_batch_size!r}) plans"
-                    " the samples of each optimizer step as micro-batches, and the Trainer's"
-                    f" `accumulate_grad_batches={accumulate}` would accumulate {accumulate}"
-                    " such steps again. Set global_batch_size=<samples per optimizer step>"
-                    " with `accumulate_grad_batches=1`."
-                )
-            return
-        accumulate = converted_accumulation(
-            accumulate, self.micro_batch_size, state.global_batch_size, state.initial
-        )
-        if accumulate == 1:
-            return
-        # counted in loader batches as under DDP: each epoch's are set once its loader is
-        # known (`_loop_counts_in_steps`); validation at DDP's optimizer steps
-        self._ddp_counts = (trainer.val_check_interval, trainer.limit_train_batches)
-        counts = {name: getattr(trainer, name) for name in LOOP_COUNTS}
-        self._user_loop_counts = (trainer, set_loop_counts(trainer, counts))
-        trainer.accumulate_grad_batches = 1
-        self._undo_validation = set_validation_steps(trainer, self._validates_after)
-        state.accumulation = accumulate
-        rank_zero_info(
-            f"hetero: `accumulate_grad_batches={accumulate}` runs as one global batch of"
-            f" loader batch x {accumulate} x {self.world_size} ranks per optimizer step, each"
-            " rank's share in micro-batches of at most the loader batch (the loop counts"
-            " optimizer steps: one batch each)."
-        )
 
     @override
     def setup(self, trainer: "pl.Trainer") -> None:
         fitting = trainer.state.fn == TrainerFn.FITTING
         state = self.plan_state
-        self._note_batch_norm()  # `configure_model` may have added layers since
+        # `configure_model` may have added layers since
+        self.plan_state.default_min = _batch_norm_minimum(self.lightning_module)
         if fitting and state.initial in ("cores", "flops") and state.capacities is None:
             state.capacities = gather_capacities(state.initial, self.root_device, self.comm)
         # Wraps the model, registers the hooks and builds the optimizers; a
@@ -436,55 +367,12 @@ class HeteroEngine:
         if not self.training_mode.steps_together:
             check_own_sigterm_only(trainer)  # a per-step broadcast would tie the ranks again
         if self.micro_batch_size is not None or state.accumulation > 1:
-            self._check_micro_batching(trainer)
-
-    def _check_micro_batching(self, trainer: "pl.Trainer") -> None:
-        """Refuse what micro-batches cannot run exactly (at set-up, before any step)."""
-        if self._layer_sync is not None:
-            # SyncBatchNorm all-reduces in every forward: once per micro-batch, whose counts
-            # differ between ranks
-            raise ValueError(
-                f"{type(self).__name__} runs each rank's share of a step as its own number of"
-                " micro-batches (`micro_batch_size`, or the Trainer's `accumulate_grad_batches`"
-                " taken over), and SyncBatchNorm (`sync_batchnorm=True`) communicates in every"
-                " forward, so the ranks' collectives would not pair. Remove `sync_batchnorm`"
-                " (each rank's BatchNorm then normalizes its own micro-batch), or train without"
-                " micro-batches (`accumulate_grad_batches=1`, no `micro_batch_size`)."
-            )
-        if not self.lightning_module.automatic_optimization:
-            raise ValueError(
-                f"`micro_batch_size` runs a rank's share of each step as micro-batches inside"
-                f" Lightning's automatic optimization; {type(self.lightning_module).__name__}"
-                " uses manual optimization. Remove `micro_batch_size` and cut the batch in your"
-                " `training_step`: scale each `manual_backward` loss by its samples / batch"
-                " size, and run all but the last in"
-                " `self.trainer.strategy.block_backward_sync()`."
-            )
-        schedulers = [
-            cb for cb in trainer.callbacks if isinstance(cb, GradientAccumulationScheduler)
-        ]
-        if schedulers:
-            # it sets the Trainer's accumulation per epoch, which micro-batches would multiply
-            raise ValueError(
-                f"{type(self).__name__}(micro_batch_size={self.micro_batch_size!r}) plans the"
-                " samples of each optimizer step, and the Trainer's"
-                f" `{type(schedulers[0]).__name__}` would accumulate several such steps again,"
-                " by epoch. Remove the callback and plan each epoch's optimizer step as one"
-                " global batch: HeteroStrategy(global_batch_size=<samples per optimizer step>,"
-                " micro_batch_size=<samples a rank holds at once>); or remove"
-                " `micro_batch_size` (each accumulated batch is then planned on its own)."
-            )
+            self.micro.check(trainer)
 
     def _lightning_setup(self, trainer: "pl.Trainer") -> None:
         """The Lightning strategy's own ``setup`` (a strategy replaces it where Lightning's
         would refuse what the strategy supports: ``HeteroFSDPStrategy``)."""
         super().setup(trainer)
-
-    def _note_batch_norm(self) -> None:
-        # a batch of one has no variance: BatchNorm refuses to train on it
-        module = self.lightning_module
-        batch_norm = module is not None and any(isinstance(m, _BatchNorm) for m in module.modules())
-        self.plan_state.default_min = 2 if batch_norm else 1
 
     # ---------------------------------------------------------------- data
     @override
@@ -498,7 +386,7 @@ class HeteroEngine:
         cut = None  # the epoch's samples, where `limit_train_batches` cuts it (taken over)
         if state.accumulation > 1:  # the loader batch is what a rank held under DDP
             self.micro_bounds = [dataloader.batch_size or 1] * self.world_size
-            cut = self._loop_counts_in_steps(trainer, dataloader)
+            cut = self.micro.loop_counts(trainer, dataloader)
         if state.plan is None and not self._optimizers_ready:
             # Loaded inside `setup` (see there): Lightning needs only the number of steps,
             # which an even split of the same global batch already has.
@@ -522,47 +410,6 @@ class HeteroEngine:
             refuse_unequal_steps([int(row[0]) for row in self.gather_rows([len(sampler)])])
         return with_batch_sampler(dataloader, sampler)
 
-    def _loop_counts_in_steps(self, trainer: "pl.Trainer", loader: DataLoader) -> int | None:
-        """Lightning's loop counts for an epoch of ``loader`` with accumulation taken over
-        (one loop batch per optimizer step), from the user's counts of loader batches as DDP
-        applies them; returns the samples of an epoch that ``limit_train_batches`` cuts.
-
-        DDP's epoch has ``n`` loader batches per rank (after ``limit_train_batches``, an int
-        or a fraction), ``ceil(n / N)`` optimizer steps, the last a partial window where
-        ``N`` does not divide ``n``: the strategy's epoch is its first ``n * b * K`` samples,
-        whose last global batch is that window. Validation follows DDP's loader-batch count
-        (``_validates_after``); Lightning's own counts are left at the whole epoch.
-        """
-        batch = loader.batch_size or 1
-        full = ddp_loader_batches(len(loader.dataset), self.world_size, batch, loader.drop_last)
-        every, limit = self._ddp_counts
-        batches = limited_batches(full, limit)
-        self._ddp_batches, self._ddp_every = batches, None
-        if isinstance(every, float) and batches:
-            self._ddp_every = max(1, int(batches * every))
-        elif isinstance(every, int) and not isinstance(every, bool):
-            self._ddp_every = every
-            if every > batches and trainer.check_val_every_n_epoch is not None:
-                trainer.val_check_interval = every  # Lightning refuses it, as under DDP
-                every = None
-        if self._ddp_every is not None and every is not None:
-            trainer.val_check_interval = 1.0  # the decision is `_validates_after`'s
-        if not batches:
-            return None  # Lightning's own rules for an empty epoch (refused, or skipped)
-        trainer.limit_train_batches = 1.0
-        return batches * batch * self.world_size if batches < full else None
-
-    def _validates_after(self, batch_idx: int) -> bool | None:
-        """Whether DDP, with the accumulation taken over, validates after the optimizer step
-        of loop batch ``batch_idx`` (``None``: Lightning's own rule applies)."""
-        trainer = self.lightning_module.trainer
-        if self.plan_state.accumulation == 1 or self._ddp_every is None:
-            return None
-        batches = self._ddp_batches
-        offset = trainer.current_epoch * batches if trainer.check_val_every_n_epoch is None else 0
-        accumulate = self.plan_state.accumulation
-        return validates_after(batch_idx + 1, batches, accumulate, self._ddp_every, offset)
-
     def _first_plan(self, loader: DataLoader) -> list[int]:
         """Probe (``max_batch_size="auto"``, the mode's own) and make the first plan."""
         trainer = self.lightning_module.trainer
@@ -578,11 +425,11 @@ class HeteroEngine:
         module = self.lightning_module
         micro_auto = self.micro_batch_size == "auto"
         # where micro-batches hold more than a step, the probe runs them (the same hooks
-        # as training's `_micro_step`), so that its bound is a micro-batch's
+        # as training's micro-batches), so that its bound is a micro-batch's
         held = micro_auto and self.micro_batches_hold_more
 
         def training_step(batch: Any, batch_idx: int) -> Any:
-            if sharded:  # the probe's own batch (held: around it, `_micro_forward`)
+            if sharded:  # the probe's own batch (held: around it, `MicroBatches.forward`)
                 return self._training_step(batch, batch_idx)
             with self.precision_plugin.train_step_context():
                 return module.training_step(batch, batch_idx)
@@ -596,8 +443,8 @@ class HeteroEngine:
             emulation=emulation,
             extra=mode.timed_step_extra,
             agree=self.comm.any if sharded else None,
-            micro=self._micro_forward if held else None,
-            micro_failed=self._micro_failed if held else None,
+            micro=self.micro.forward if held else None,
+            micro_failed=self.micro.failed if held else None,
         )
         state = self.plan_state
         if (state.max_batch_size == "auto" or micro_auto) and self.memory_probe is None:
@@ -675,15 +522,15 @@ class HeteroEngine:
         **kwargs: Any,
     ) -> torch.Tensor:
         """The mode's backward; after a micro-batched step's first backward, each of the
-        step's other micro-batches (see ``_run_micro_rest``)."""
+        step's other micro-batches (see ``MicroBatches.run_rest``)."""
         run = super().backward
         try:
             result = self.training_mode.backward(
                 closure_loss, lambda loss: run(loss, optimizer, *args, **kwargs)
             )
-            self._run_micro_rest(optimizer)
+            self.micro.run_rest(optimizer)
         except BaseException as error:
-            self._micro_abort(error)
+            self.micro.abort(error)
             raise
         return result
 
@@ -697,102 +544,16 @@ class HeteroEngine:
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Lightning's training step; with micro-batches, that of the step's first micro-batch
-        (the others run after its backward, see ``_run_micro_rest``)."""
-        sizes = self._step_micro_sizes()
+        (the others run after its backward, see ``MicroBatches``)."""
+        sizes = self.micro.sizes()
         if sizes is None:
             return self._training_step(*args, **kwargs)
-        batch, other = args[0], args[1:]
-        first, *rest = split_batch(batch, sum(sizes), sizes)
-        self._micro_whole = (batch, self.training_mode.share)
-        self._micro_rest = [(part, n, other, kwargs) for part, n in zip(rest, sizes[1:])]
-        try:
-            return self._micro_step(first, sizes[0], other, kwargs, last=False)
-        except BaseException as error:
-            self._micro_abort(error)
-            raise
+        return self.micro.first(sizes, args, kwargs)
 
     def _training_step(self, *args: Any, **kwargs: Any) -> Any:
         """One Lightning training step on the batch given (a strategy replaces it where the
         step runs otherwise: ``HeteroFSDPStrategy``)."""
         return super().training_step(*args, **kwargs)
-
-    def _micro_forward(self, last: bool) -> AbstractContextManager[Any]:
-        """Around a micro-batch's forward: all but the step's ``last`` run without DDP's
-        gradient synchronization (DDP decides in the forward whether the backward reduces;
-        ``HeteroFSDPStrategy`` holds its switches across the micro-batches instead)."""
-        return nullcontext() if last else self.block_backward_sync()
-
-    def _micro_failed(self) -> None:
-        """A step's micro-batches stopped before their last (an error): undo what
-        ``_micro_forward`` left set across them (DDP: nothing)."""
-
-    def _step_micro_sizes(self) -> list[int] | None:
-        """The sizes of this step's micro-batches; ``None``: the step runs as one batch."""
-        bounds = self.micro_bounds
-        module = self.lightning_module
-        if bounds is None or not (module.trainer.training and module.automatic_optimization):
-            return None
-        share, lower = self.training_mode.share[0], self.plan_state.lower()
-        sizes = micro_sizes(share, bounds[self.global_rank], lower)
-        return sizes if len(sizes) > 1 else None
-
-    def _micro_step(
-        self, batch: Any, samples: int, other: tuple[Any, ...], kwargs: dict[str, Any], last: bool
-    ) -> Any:
-        """The training step of one micro-batch of ``samples``: its loss will weigh
-        ``samples / B``; only the step's last backward communicates (``_micro_forward``)."""
-        assert self._micro_whole is not None
-        self.training_mode.share = (samples, self._micro_whole[1][1])
-        self.micro_batch_samples = samples
-        module = self.lightning_module
-        set_logged_batch(module.trainer, batch)  # self.log weighs its samples
-        self._micro_local = not last  # until the next micro-batch starts (backward too)
-        with self._micro_forward(last), local_metric_syncs(module, not last):
-            return self._training_step(batch, *other, **kwargs)
-
-    def _run_micro_rest(self, optimizer: Any) -> None:
-        """The forward and backward of each of the step's micro-batches after its first, once
-        the first's backward ran: wherever Lightning's closure runs (in the optimizer step, or
-        called by a user's ``optimizer_step`` that steps later, or not at all), no micro-batch
-        is left out. Then the step's share and whole batch are put back."""
-        rest, self._micro_rest = self._micro_rest, []
-        if not rest or self._micro_whole is None:
-            return  # a step run as one batch, or a backward of the rest itself
-        module = self.lightning_module
-        for index, (batch, samples, other, kwargs) in enumerate(rest):
-            last = index == len(rest) - 1
-            with running_hook(module, "training_step"):
-                output = self._micro_step(batch, samples, other, kwargs, last=last)
-            with running_hook(module, "backward"):
-                self.backward(step_loss(output), optimizer)
-        # as the step's start left them: its share, and the whole batch for logging
-        whole, self.training_mode.share = self._micro_whole
-        self._micro_whole = self.micro_batch_samples = None
-        set_logged_batch(module.trainer, whole)
-
-    def _micro_abort(self, error: BaseException) -> None:
-        """A micro-batched step failed: undo what its micro-batches left set (once)."""
-        if self._micro_whole is None:
-            return
-        self._micro_whole = self.micro_batch_samples = None
-        self._micro_rest, self._micro_local = [], False
-        self._micro_failed()
-        note_collective_in_micro_batch(error)
-
-    def _rest_after(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
-        """``closure`` (the first micro-batch's step, zero-grad and backward, which runs the
-        others), then any micro-batches still to run (a first step that returned no loss)."""
-
-        def run() -> Any:
-            result = closure()
-            try:
-                self._run_micro_rest(optimizer)
-            except BaseException as error:
-                self._micro_abort(error)
-                raise
-            return result
-
-        return run
 
     @override
     def optimizer_step(
@@ -803,7 +564,7 @@ class HeteroEngine:
         **kwargs: Any,
     ) -> Any:
         run = super().optimizer_step
-        closure = self._rest_after(closure, optimizer)
+        closure = self.micro.after(closure, optimizer)
         return self.training_mode.optimizer_step(
             optimizer, lambda: run(optimizer, closure, model, **kwargs)
         )
@@ -829,7 +590,7 @@ class HeteroEngine:
             return tensor
         if self.context is None:  # a bare strategy, never set up: DDP's reduction
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
-        if self._micro_local and in_training_batch(self.lightning_module):
+        if self.micro.syncs_locally():
             # a micro-batch before this rank's last: ranks run different numbers of them, so
             # the step's values are synced in each rank's last micro-batch only (what DDP
             # logs on a step is its last accumulated batch's value, synced)
@@ -886,12 +647,7 @@ class HeteroEngine:
     @override
     def teardown(self) -> None:
         self.training_mode.teardown()
-        if self._user_loop_counts is not None:
-            set_loop_counts(*self._user_loop_counts)
-            self._user_loop_counts = None
-        if self._undo_validation is not None:
-            self._undo_validation()
-            self._undo_validation = None
+        self.micro.teardown()
         while self._undo:
             self._undo.pop()()
         super().teardown()

@@ -1,0 +1,598 @@
+# Generated from lightning_hetero/microbatch.py by `make generate`; do not edit.  # ruff: noqa
+# fmt: off
+"""Micro-batches: a rank's share of a step, run a few samples at a time.
+
+``MicroBatches`` is the executor a hetero strategy hands each training step to; the
+functions are its pure parts (the split, the accumulation take-over's counts).
+
+With ``micro_batch_size``, rank ``k`` runs its ``b_k`` samples of a step as
+``ceil(b_k / m_k)`` micro-batches of at most ``m_k`` samples (sizes differing by at most
+one), inside one Lightning training step. Each micro-batch's loss is weighted by its samples
+``/ B`` (times ``K``, as every rank's loss: see ``Mode.scale_loss``), gradients accumulate locally,
+and only the
+last micro-batch's backward communicates, so every rank issues the same collectives once per
+optimizer step whatever its number of micro-batches. Torch mechanisms only: no controller.
+"""
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import GradientAccumulationScheduler
+from lightning_utilities.core.apply_func import apply_to_collection
+from lightning_utilities.core.rank_zero import rank_zero_info
+from torch.utils.data import DataLoader
+
+from lightning_hetero.pytorch_lightning._lightning import (
+    LOOP_COUNTS,
+    in_training_batch,
+    running_hook,
+    set_logged_batch,
+    set_loop_counts,
+    set_validation_steps,
+)
+from lightning_hetero.planning.split import is_count
+from lightning_hetero.sampler import EpochPermutation
+
+__all__ = [
+    "check_micro_batch_size",
+    "converted_accumulation",
+    "local_metric_syncs",
+    "micro_bounds",
+    "micro_sizes",
+    "note_collective_in_micro_batch",
+    "FirstSamples",
+    "ddp_loader_batches",
+    "limited_batches",
+    "validates_after",
+    "split_batch",
+    "step_loss",
+]
+
+
+def check_micro_batch_size(value: Any) -> None:
+    """Refuse a ``micro_batch_size`` that is not ``None``, an int >= 1, a non-empty list of
+    them (one per rank) or ``"auto"`` (at construction)."""
+    if value is None or value == "auto":
+        return
+    if is_count(value):
+        return
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, (str, bytes))
+        and value
+        and all(is_count(v) for v in value)
+    ):
+        return
+    raise ValueError(
+        "`micro_batch_size` must be None, an int >= 1 (every rank), a list of ints >= 1 (one"
+        f" per rank) or 'auto' (each rank's bound from the memory probe), got {value!r}."
+    )
+
+
+def converted_accumulation(
+    accumulate: int,
+    micro_batch_size: Any,
+    global_batch_size: int | None,
+    batch_sizes: str | Sequence[int],
+) -> int:
+    """How many of Lightning's accumulated loader batches the strategy runs as one global batch
+    of micro-batches (1: none); raises ``ValueError`` where the Trainer's
+    ``accumulate_grad_batches`` meets options that already plan a step's samples.
+
+    A program written for DDP with a loader batch ``b`` and ``accumulate_grad_batches=N`` on
+    ``K`` ranks trains on ``N * b * K`` samples per optimizer step: planned as one global
+    batch whose shares run as micro-batches of at most ``b``, the share follows the speeds
+    even when ``b`` is all a rank can hold. ``global_batch_size``, ``micro_batch_size`` or an
+    explicit plan say what a step is already; with them accumulation would count twice.
+
+    >>> converted_accumulation(4, None, None, "uniform")
+    4
+    >>> converted_accumulation(1, 2, 32, "uniform")
+    1
+    """
+    if accumulate == 1:
+        return 1
+    given = [
+        f"{name}={value!r}"
+        for name, value in (
+            ("micro_batch_size", micro_batch_size),
+            ("global_batch_size", global_batch_size),
+            ("batch_sizes", None if isinstance(batch_sizes, str) else list(batch_sizes)),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ValueError(
+            f"HeteroStrategy({', '.join(given)}) plans the samples of each optimizer step, and"
+            f" the Trainer's `accumulate_grad_batches={accumulate}` would accumulate"
+            f" {accumulate} such steps again. Plan the optimizer step as one global batch"
+            " instead: HeteroStrategy(global_batch_size=<samples per optimizer step>,"
+            " micro_batch_size=<samples a rank holds at once>) with"
+            " `accumulate_grad_batches=1`; or leave both unset and keep"
+            " `accumulate_grad_batches` (the strategy then plans loader batch x"
+            " accumulate_grad_batches x ranks samples per step, see docs/memory.md)."
+        )
+    return accumulate
+
+
+def ddp_loader_batches(samples: int, ranks: int, batch: int, drop_last: bool) -> int:
+    """The batches of each rank's training loader under DDP for ``samples`` samples
+    (``DistributedSampler`` gives each rank ``ceil(samples / ranks)``).
+
+    >>> ddp_loader_batches(40, 2, 2, drop_last=False)
+    10
+    """
+    per_rank = math.ceil(samples / ranks)
+    return per_rank // batch if drop_last else math.ceil(per_rank / batch)
+
+
+def limited_batches(batches: int, limit: int | float) -> int:
+    """An epoch's training batches under the Trainer's ``limit_train_batches`` (Lightning's
+    rule: an int caps them, a float keeps that fraction, rounded down).
+
+    >>> limited_batches(10, 5), limited_batches(10, 0.25), limited_batches(10, 1.0)
+    (5, 2, 10)
+    """
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return min(batches, limit)
+    return batches if limit == 1.0 else int(batches * limit)
+
+
+def validates_after(step: int, batches: int, accumulate: int, every: int, offset: int = 0) -> bool:
+    """Whether DDP validates at the end of optimizer step ``step`` (counted from 1) of an epoch
+    of ``batches`` loader batches, ``accumulate`` of them per step, validating after every
+    ``every``-th loader batch (counted from ``offset``: the batches of earlier epochs where
+    Lightning counts across epochs, ``check_val_every_n_epoch=None``).
+
+    DDP validates after loader batch ``c`` with the optimizer steps made so far: ``c //
+    accumulate``, and all of the epoch's after its last batch (a last, partial window steps
+    too). A check before the epoch's first step (``c < accumulate``) has no step to follow.
+
+    >>> [s for s in range(1, 6) if validates_after(s, 10, 2, 5)]  # val_check_interval=0.5
+    [2, 5]
+    >>> [s for s in range(1, 4) if validates_after(s, 5, 2, 3)]  # 5 batches: steps 2, 2, 1
+    [1]
+    """
+    steps = math.ceil(batches / accumulate)
+    first = step * accumulate
+    candidates = list(range(first, min(first + accumulate, batches)))
+    if step == steps:
+        candidates.append(batches)
+    return any((offset + c) % every == 0 for c in candidates)
+
+
+class FirstSamples(EpochPermutation):
+    """The first ``count`` positions of ``epochs``' permutation in each epoch: an epoch cut
+    as ``limit_train_batches`` cuts DDP's, whose last optimizer step is then a partial window
+    of accumulation (a smaller global batch).
+
+    >>> list(FirstSamples(EpochPermutation(10, shuffle=False), 6))
+    [0, 1, 2, 3, 4, 5]
+    """
+
+    def __init__(self, epochs: EpochPermutation, count: int) -> None:
+        super().__init__(min(count, len(epochs)), epochs.shuffle, epochs.seed)
+        self.epochs = epochs
+        self.epoch = epochs.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.epochs.set_epoch(epoch)
+
+    def permutation(self) -> list[int]:
+        return self.epochs.permutation()[: self.num_samples]
+
+
+def micro_bounds(value: int | Sequence[int], world_size: int) -> list[int]:
+    """One micro-batch bound per rank from a checked ``micro_batch_size`` (not ``"auto"``)."""
+    if isinstance(value, int):
+        return [value] * world_size
+    if len(value) != world_size:
+        raise ValueError(
+            f"`micro_batch_size` has {len(value)} entries but there are {world_size} ranks:"
+            " give one bound per rank, or one number for every rank."
+        )
+    return list(value)
+
+
+def micro_sizes(samples: int, bound: int, lower: int = 1) -> list[int]:
+    """``ceil(samples / bound)`` sizes of at most ``bound`` that sum to ``samples``, the
+    larger ones first and differing by at most one (no tiny last micro-batch), and none
+    below ``lower`` (a BatchNorm model's 2: a batch of one has no variance): where both
+    cannot hold, fewer, larger micro-batches (at most ``lower - 1`` samples over ``bound``).
+
+    >>> micro_sizes(10, 4)
+    [4, 3, 3]
+    >>> micro_sizes(3, 4)
+    [3]
+    >>> micro_sizes(5, 2), micro_sizes(5, 2, lower=2)
+    ([2, 2, 1], [3, 2])
+    """
+    parts = max(1, min(math.ceil(samples / bound), samples // max(lower, 1)))
+    size, extra = divmod(samples, parts)
+    return [size + 1] * extra + [size] * (parts - extra)
+
+
+def split_batch(batch: Any, samples: int, sizes: Sequence[int]) -> list[Any]:
+    """``batch`` cut into consecutive micro-batches of ``sizes`` samples.
+
+    Every tensor whose first dimension is ``samples`` long is sliced (views, no copy), and so
+    is every list or tuple of ``samples`` non-tensor items that is a value of a dict batch
+    (e.g. file names); other values go unchanged to every micro-batch. Raises ``ValueError`` when
+    no tensor of the batch has ``samples`` rows.
+    """
+    found = False
+
+    def has_rows(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal found
+        found = found or (tensor.dim() > 0 and len(tensor) == samples)
+        return tensor
+
+    apply_to_collection(batch, torch.Tensor, has_rows)
+    if not found:
+        raise ValueError(
+            f"hetero: `micro_batch_size` cannot cut this rank's batch of {samples} samples: none"
+            f" of its tensors has {samples} rows (batch: {type(batch).__name__}). Micro-batches"
+            " slice the tensors of a batch along their first dimension; return samples first"
+            " from the collate function, or leave `micro_batch_size` unset."
+        )
+    parts = []
+    start = 0
+    for size in sizes:
+        stop = start + size
+
+        def cut(tensor: torch.Tensor, start: int = start, stop: int = stop) -> torch.Tensor:
+            return tensor[start:stop] if tensor.dim() > 0 and len(tensor) == samples else tensor
+
+        part = apply_to_collection(batch, torch.Tensor, cut)
+        if isinstance(part, dict):  # per-sample lists beside the tensors (e.g. names)
+            for key, value in part.items():
+                if _per_sample_list(value, samples):
+                    part[key] = value[start:stop]
+        parts.append(part)
+        start = stop
+    return parts
+
+
+def _per_sample_list(value: Any, samples: int) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) == samples
+        and not any(isinstance(v, torch.Tensor) for v in value)
+    )
+
+
+def step_loss(output: Any) -> torch.Tensor:
+    """The loss in a ``training_step``'s output (a tensor or a dict with ``"loss"``), as
+    Lightning's automatic optimization reads it."""
+    loss = output.get("loss") if isinstance(output, Mapping) else output
+    if not isinstance(loss, torch.Tensor):
+        raise ValueError(
+            "hetero: with `micro_batch_size`, every micro-batch's `training_step` must return"
+            f" the loss (a tensor, or a dict with 'loss'), got {type(output).__name__}."
+        )
+    return loss
+
+
+@contextmanager
+def local_metric_syncs(module: torch.nn.Module, local: bool) -> Iterator[None]:
+    """With ``local``, the module's torchmetrics metrics that sync on every step
+    (``dist_sync_on_step=True``) compute this micro-batch's value on this rank alone.
+
+    Ranks run different numbers of micro-batches per step, so a sync in each would pair
+    with nothing on the others; each rank syncs in its last micro-batch only (as
+    ``HeteroEngine.reduce`` does for logged values), one sync per optimizer step everywhere.
+    """
+    metrics = local and [m for m in module.modules() if getattr(m, "dist_sync_on_step", 0) is True]
+    if not metrics:
+        yield
+        return
+    for metric in metrics:
+        metric.dist_sync_on_step = False
+    try:
+        yield
+    finally:
+        for metric in metrics:
+            metric.dist_sync_on_step = True
+
+
+def note_collective_in_micro_batch(error: BaseException) -> None:
+    """Say, on a collective's error in a micro-batched step, what runs a different number of
+    times on each rank (a user's own collective in ``training_step`` or a backward hook)."""
+    text = str(error).lower()
+    if isinstance(error, RuntimeError) and any(
+        word in text for word in ("collective", "gloo", "nccl", "timed out", "timeout")
+    ):
+        error.add_note(
+            "hetero: this collective ran inside a micro-batched step, where each rank runs"
+            " `training_step` (and the backward hooks) once per micro-batch, a different number"
+            " of times. `self.log(..., sync_dist=True)`, the strategy's `reduce` and torchmetrics'"
+            " `dist_sync_on_step` sync once per optimizer step; move any other collective"
+            " (`torch.distributed.all_reduce`, `self.all_gather`) to `on_train_batch_end`, or"
+            " leave `micro_batch_size` unset and `accumulate_grad_batches=1`."
+        )
+
+
+#: A micro-batch still to run in this step: its batch, samples, other arguments and keywords.
+_Part = tuple[Any, int, tuple[Any, ...], dict[str, Any]]
+
+
+class MicroBatches:
+    """A rank's share of each training step, run as micro-batches, for a hetero strategy.
+
+    It owns the split of the share (``micro_sizes``, at most the rank's bound and never
+    below the model's minimum), the loss weights (the mode's ``share`` is each micro-batch's
+    while it runs: ``samples / B``), the micro-batches after the first (run right after the
+    first one's backward, wherever Lightning's closure is called), the collectives (only the
+    last micro-batch's backward synchronizes; step-level syncs are deferred to it, see
+    ``local``) and Lightning's ``accumulate_grad_batches`` taken over as one global batch
+    (``take_over``). The strategy keeps ``micro_bounds`` and ``micro_batch_samples`` as its
+    public state and calls ``sizes``, ``first``, ``run_rest``, ``abort`` and ``after`` from
+    its ``training_step``, ``backward`` and ``optimizer_step``.
+
+    A strategy whose micro-batches hold something across a step overrides ``forward`` and
+    ``failed`` (``HeteroFSDPStrategy``: FSDP2's switches, ``UnshardedAccumulation``).
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+        #: A micro-batch before this rank's last of the step runs (its training step and its
+        #: backward): step-level syncs stay local, as ranks run different counts of them.
+        self.local = False
+        self._rest: list[_Part] = []
+        # the step's whole batch and share, put back once its micro-batches ran
+        self._whole: tuple[Any, tuple[int, int]] | None = None
+        # accumulation taken over: the Trainer and the user's loop counts, put back at
+        # teardown; the user's `val_check_interval` and `limit_train_batches`; DDP's loader
+        # batches per epoch and validation interval
+        self._user_counts: tuple[Any, dict[str, int | float]] | None = None
+        self._ddp_counts: tuple[Any, Any] = (1.0, 1.0)
+        self._ddp_batches, self._ddp_every = 0, None
+        self._undo_validation: Callable[[], None] | None = None
+
+    # ---------------------------------------------------------------- seams
+    def forward(self, last: bool) -> AbstractContextManager[Any]:
+        """Around a micro-batch's forward: all but the step's ``last`` run without DDP's
+        gradient synchronization (DDP decides in the forward whether the backward reduces)."""
+        return nullcontext() if last else self.strategy.block_backward_sync()
+
+    def failed(self) -> None:
+        """A step's micro-batches stopped before their last (an error): undo what ``forward``
+        left set across them (DDP: nothing)."""
+
+    # ---------------------------------------------------------------- set-up
+    def take_over(self, trainer: "pl.Trainer") -> None:
+        """Run Lightning's ``accumulate_grad_batches=N`` as one global batch per optimizer step.
+
+        Where the mode takes accumulation over (``Mode.takes_over_accumulation``: DDP's
+        ``"bsp"``), the ``N * b * K`` samples of a step are planned together and each rank's
+        share runs as micro-batches of at most the loader batch ``b`` (set once the loader is
+        seen), so the share follows the speeds; Lightning runs with accumulation 1, one loop
+        batch per optimizer step, and the user's counts of loader batches are applied as DDP
+        applies them (``loop_counts``; see docs/memory.md, "the accumulation story").
+        Elsewhere each accumulated batch is planned on its own, as before, and
+        ``micro_batch_size`` beside accumulation is refused. Beside a
+        ``GradientAccumulationScheduler`` nothing is taken over: Lightning refuses
+        ``accumulate_grad_batches`` with it itself (at the start of training).
+        """
+        strategy = self.strategy
+        state = strategy.plan_state
+        state.accumulation = 1
+        if strategy.micro_batch_size is None:
+            strategy.micro_bounds = None  # a previous fit's, from its loader batch
+        accumulate = trainer.accumulate_grad_batches
+        if not strategy.lightning_module.automatic_optimization:
+            return  # Lightning refuses accumulation with manual optimization itself
+        if any(isinstance(cb, GradientAccumulationScheduler) for cb in trainer.callbacks):
+            return  # Lightning refuses it beside `accumulate_grad_batches` (on_train_start)
+        if not strategy.training_mode.takes_over_accumulation:
+            if strategy.micro_batch_size is not None and accumulate != 1:
+                raise ValueError(
+                    f"{type(strategy).__name__}(micro_batch_size={strategy.micro_batch_size!r})"
+                    " plans the samples of each optimizer step as micro-batches, and the"
+                    f" Trainer's `accumulate_grad_batches={accumulate}` would accumulate"
+                    f" {accumulate} such steps again. Set global_batch_size=<samples per"
+                    " optimizer step> with `accumulate_grad_batches=1`."
+                )
+            return
+        accumulate = converted_accumulation(
+            accumulate, strategy.micro_batch_size, state.global_batch_size, state.initial
+        )
+        if accumulate == 1:
+            return
+        self._ddp_counts = (trainer.val_check_interval, trainer.limit_train_batches)
+        counts = {name: getattr(trainer, name) for name in LOOP_COUNTS}
+        self._user_counts = (trainer, set_loop_counts(trainer, counts))
+        trainer.accumulate_grad_batches = 1
+        self._undo_validation = set_validation_steps(trainer, self.validates)
+        state.accumulation = accumulate
+        rank_zero_info(
+            f"hetero: `accumulate_grad_batches={accumulate}` runs as one global batch of"
+            f" loader batch x {accumulate} x {strategy.world_size} ranks per optimizer step,"
+            " each rank's share in micro-batches of at most the loader batch (the loop counts"
+            " optimizer steps: one batch each)."
+        )
+
+    def check(self, trainer: "pl.Trainer") -> None:
+        """Refuse what micro-batches cannot run exactly (at set-up, before any step)."""
+        strategy = self.strategy
+        if strategy._layer_sync is not None:
+            # SyncBatchNorm all-reduces in every forward: once per micro-batch, whose counts
+            # differ between ranks
+            raise ValueError(
+                f"{type(strategy).__name__} runs each rank's share of a step as its own number"
+                " of micro-batches (`micro_batch_size`, or the Trainer's"
+                " `accumulate_grad_batches` taken over), and SyncBatchNorm"
+                " (`sync_batchnorm=True`) communicates in every forward, so the ranks'"
+                " collectives would not pair. Remove `sync_batchnorm` (each rank's BatchNorm"
+                " then normalizes its own micro-batch), or train without micro-batches"
+                " (`accumulate_grad_batches=1`, no `micro_batch_size`)."
+            )
+        module = strategy.lightning_module
+        if not module.automatic_optimization:
+            raise ValueError(
+                f"`micro_batch_size` runs a rank's share of each step as micro-batches inside"
+                f" Lightning's automatic optimization; {type(module).__name__}"
+                " uses manual optimization. Remove `micro_batch_size` and cut the batch in your"
+                " `training_step`: scale each `manual_backward` loss by its samples / batch"
+                " size, and run all but the last in"
+                " `self.trainer.strategy.block_backward_sync()`."
+            )
+        scheduler = GradientAccumulationScheduler
+        schedulers = [cb for cb in trainer.callbacks if isinstance(cb, scheduler)]
+        if schedulers:
+            # it sets the Trainer's accumulation per epoch, which micro-batches would multiply
+            raise ValueError(
+                f"{type(strategy).__name__}(micro_batch_size={strategy.micro_batch_size!r})"
+                " plans the samples of each optimizer step, and the Trainer's"
+                f" `{type(schedulers[0]).__name__}` would accumulate several such steps again,"
+                " by epoch. Remove the callback and plan each epoch's optimizer step as one"
+                " global batch: HeteroStrategy(global_batch_size=<samples per optimizer step>,"
+                " micro_batch_size=<samples a rank holds at once>); or remove"
+                " `micro_batch_size` (each accumulated batch is then planned on its own)."
+            )
+
+    def loop_counts(self, trainer: "pl.Trainer", loader: DataLoader) -> int | None:
+        """Lightning's loop counts for an epoch of ``loader`` with accumulation taken over
+        (one loop batch per optimizer step), from the user's counts of loader batches as DDP
+        applies them; returns the samples of an epoch that ``limit_train_batches`` cuts.
+
+        DDP's epoch has ``n`` loader batches per rank (after ``limit_train_batches``, an int
+        or a fraction), ``ceil(n / N)`` optimizer steps, the last a partial window where
+        ``N`` does not divide ``n``: the strategy's epoch is its first ``n * b * K`` samples,
+        whose last global batch is that window. Validation follows DDP's loader-batch count
+        (``validates``); Lightning's own counts are left at the whole epoch.
+        """
+        batch, ranks = loader.batch_size or 1, self.strategy.world_size
+        full = ddp_loader_batches(len(loader.dataset), ranks, batch, loader.drop_last)
+        every, limit = self._ddp_counts
+        batches = limited_batches(full, limit)
+        self._ddp_batches, self._ddp_every = batches, None
+        if isinstance(every, float) and batches:
+            self._ddp_every = max(1, int(batches * every))
+        elif isinstance(every, int) and not isinstance(every, bool):
+            self._ddp_every = every
+            if every > batches and trainer.check_val_every_n_epoch is not None:
+                trainer.val_check_interval = every  # Lightning refuses it, as under DDP
+                every = None
+        if self._ddp_every is not None and every is not None:
+            trainer.val_check_interval = 1.0  # the decision is `validates`'
+        if not batches:
+            return None  # Lightning's own rules for an empty epoch (refused, or skipped)
+        trainer.limit_train_batches = 1.0
+        return batches * batch * ranks if batches < full else None
+
+    def validates(self, batch_idx: int) -> bool | None:
+        """Whether DDP, with the accumulation taken over, validates after the optimizer step
+        of loop batch ``batch_idx`` (``None``: Lightning's own rule applies)."""
+        strategy = self.strategy
+        accumulate = strategy.plan_state.accumulation
+        if accumulate == 1 or self._ddp_every is None:
+            return None
+        trainer = strategy.lightning_module.trainer
+        batches = self._ddp_batches
+        offset = trainer.current_epoch * batches if trainer.check_val_every_n_epoch is None else 0
+        return validates_after(batch_idx + 1, batches, accumulate, self._ddp_every, offset)
+
+    def teardown(self) -> None:
+        """Put the Trainer's loop counts and validation rule back as the user left them."""
+        if self._user_counts is not None:
+            set_loop_counts(*self._user_counts)
+            self._user_counts = None
+        if self._undo_validation is not None:
+            self._undo_validation()
+            self._undo_validation = None
+
+    # ---------------------------------------------------------------- the step
+    def sizes(self) -> list[int] | None:
+        """The sizes of this step's micro-batches; ``None``: the step runs as one batch."""
+        strategy = self.strategy
+        bounds = strategy.micro_bounds
+        module = strategy.lightning_module
+        if bounds is None or not (module.trainer.training and module.automatic_optimization):
+            return None
+        share, lower = strategy.training_mode.share[0], strategy.plan_state.lower()
+        sizes = micro_sizes(share, bounds[strategy.global_rank], lower)
+        return sizes if len(sizes) > 1 else None
+
+    def first(self, sizes: list[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The training step of the step's first micro-batch (Lightning's ``training_step``
+        call); the others run after its backward (``run_rest``)."""
+        batch, other = args[0], args[1:]
+        first, *rest = split_batch(batch, sum(sizes), sizes)
+        self._whole = (batch, self.strategy.training_mode.share)
+        self._rest = [(part, n, other, kwargs) for part, n in zip(rest, sizes[1:])]
+        try:
+            return self._step(first, sizes[0], other, kwargs, last=False)
+        except BaseException as error:
+            self.abort(error)
+            raise
+
+    def _step(
+        self, batch: Any, samples: int, other: tuple[Any, ...], kwargs: dict[str, Any], last: bool
+    ) -> Any:
+        """The training step of one micro-batch of ``samples``: its loss will weigh
+        ``samples / B``; only the step's last backward communicates (``forward``)."""
+        assert self._whole is not None
+        strategy = self.strategy
+        strategy.training_mode.share = (samples, self._whole[1][1])
+        strategy.micro_batch_samples = samples
+        module = strategy.lightning_module
+        set_logged_batch(module.trainer, batch)  # self.log weighs its samples
+        self.local = not last  # until the next micro-batch starts (backward too)
+        with self.forward(last), local_metric_syncs(module, not last):
+            return strategy._training_step(batch, *other, **kwargs)
+
+    def run_rest(self, optimizer: Any) -> None:
+        """The forward and backward of each of the step's micro-batches after its first, once
+        the first's backward ran: wherever Lightning's closure runs (in the optimizer step, or
+        called by a user's ``optimizer_step`` that steps later, or not at all), no micro-batch
+        is left out. Then the step's share and whole batch are put back."""
+        rest, self._rest = self._rest, []
+        if not rest or self._whole is None:
+            return  # a step run as one batch, or a backward of the rest itself
+        strategy = self.strategy
+        module = strategy.lightning_module
+        for index, (batch, samples, other, kwargs) in enumerate(rest):
+            last = index == len(rest) - 1
+            with running_hook(module, "training_step"):
+                output = self._step(batch, samples, other, kwargs, last=last)
+            with running_hook(module, "backward"):
+                strategy.backward(step_loss(output), optimizer)
+        # as the step's start left them: its share, and the whole batch for logging
+        whole, strategy.training_mode.share = self._whole
+        self._whole = strategy.micro_batch_samples = None
+        set_logged_batch(module.trainer, whole)
+
+    def abort(self, error: BaseException) -> None:
+        """A micro-batched step failed: undo what its micro-batches left set (once)."""
+        if self._whole is None:
+            return
+        self._whole = self.strategy.micro_batch_samples = None
+        self._rest, self.local = [], False
+        self.failed()
+        note_collective_in_micro_batch(error)
+
+    def after(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
+        """``closure`` (the first micro-batch's step, zero-grad and backward, which runs the
+        others), then any micro-batches still to run (a first step that returned no loss)."""
+
+        def run() -> Any:
+            result = closure()
+            try:
+                self.run_rest(optimizer)
+            except BaseException as error:
+                self.abort(error)
+                raise
+            return result
+
+        return run
+
+    def syncs_locally(self) -> bool:
+        """Whether a reduction now is a step-level sync deferred to the rank's last
+        micro-batch (see ``HeteroEngine.reduce``)."""
+        return self.local and in_training_batch(self.strategy.lightning_module)
