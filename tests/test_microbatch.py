@@ -14,8 +14,10 @@ from lightning_hetero.microbatch import (
     converted_accumulation,
     ddp_loader_batches,
     limited_batches,
+    local_metric_syncs,
     micro_bounds,
     micro_sizes,
+    note_collective_in_micro_batch,
     split_batch,
     step_loss,
     validates_after,
@@ -464,3 +466,28 @@ def test_an_optimizer_step_that_runs_the_closure_without_stepping_trains_every_m
     trainer.fit(model)
     assert model.seen == [2] * 48  # 24 loader batches of 4, each as two micro-batches of 2
     torch.testing.assert_close(sum(model.sums), model.train_dataloader().dataset.sum())
+
+
+def test_metrics_that_sync_on_step_compute_locally_before_the_ranks_last_micro_batch():
+    """Failure 1: a torchmetrics metric with ``dist_sync_on_step`` syncs in each rank's last
+    micro-batch only (one sync per optimizer step whatever the rank's count)."""
+    import torchmetrics
+
+    module = torch.nn.Module()
+    module.synced = torchmetrics.MeanMetric(dist_sync_on_step=True)
+    module.plain = torchmetrics.MeanMetric()
+    with local_metric_syncs(module, local=True):
+        assert not module.synced.dist_sync_on_step and not module.plain.dist_sync_on_step
+    assert module.synced.dist_sync_on_step and not module.plain.dist_sync_on_step
+    with local_metric_syncs(module, local=False):
+        assert module.synced.dist_sync_on_step
+
+
+def test_a_collectives_error_in_a_micro_batched_step_says_what_runs_per_micro_batch():
+    error = RuntimeError("Gloo: is there a distributed collective mismatch?")
+    note_collective_in_micro_batch(error)
+    assert "once per micro-batch" not in str(error)  # a note, beside the message
+    assert any("on_train_batch_end" in note for note in error.__notes__)
+    other = ValueError("a user's own error")
+    note_collective_in_micro_batch(other)
+    assert not getattr(other, "__notes__", [])
