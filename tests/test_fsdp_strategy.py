@@ -110,15 +110,18 @@ class _SetUp(Exception):
 def test_every_rank_gets_the_launchers_cpu_threads(monkeypatch):
     # ModelParallelStrategy sets cores // processes threads on the launching rank only (its
     # launcher): the ranks it starts kept every core and equal ranks computed at unequal speeds
+    from lightning.fabric.plugins.environments import LightningEnvironment
     from lightning.fabric.utilities.distributed import _suggested_max_num_threads
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # restored (or removed again) afterwards
     monkeypatch.delenv("OMP_NUM_THREADS")  # a started rank's environment
+    monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(ModelParallelStrategy, "setup_environment", lambda self: None)
     threads = []
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
     strategy = HeteroFSDPStrategy()
+    strategy.cluster_environment = LightningEnvironment()
     strategy.parallel_devices = [torch.device("cpu")] * 2
     strategy.setup_environment()
     assert threads == [_suggested_max_num_threads(2)]

@@ -172,7 +172,9 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
         # ModelParallelStrategy has a launcher on the launching rank only: the ranks it starts
         # kept every core (twice rank 0's threads on 2 ranks), so equal ranks computed at
         # different speeds and got unequal plans. DDPStrategy sets it on every rank; so here.
-        _set_num_threads_if_needed(num_processes=self.num_processes)
+        environment = self.cluster_environment
+        if environment is not None and environment.creates_processes_externally:
+            _set_num_threads_if_needed(num_processes=self.num_processes)
         super().setup_environment()
 
     @override

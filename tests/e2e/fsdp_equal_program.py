@@ -11,6 +11,7 @@ number of CPU threads.
 """
 
 import json
+import os
 import sys
 from datetime import timedelta
 
@@ -49,6 +50,8 @@ class FineTune(pl.LightningModule):
 
 
 if __name__ == "__main__":
+    # as in a user's shell: Lightning chooses each rank's threads (the tests' runner sets 1)
+    os.environ.pop("OMP_NUM_THREADS", None)
     strategy = HeteroFSDPStrategy(
         shard_modules=["TransformerEncoderLayer"], adjust_every=4, timeout=timedelta(seconds=120)
     )
