@@ -5,6 +5,7 @@ ranks by re-running the command), one after another on every rank:
 
     python -m lightning_hetero.bench.straggler overhead [--workers 2] [--repeats 10]
     python -m lightning_hetero.bench.straggler scenario [--workers 4] [--delay 0.2] [--repeats 3]
+    python -m lightning_hetero.bench.straggler hetero [--workers 4] [--delay 0.2] [--repeats 3]
 
 ``--accelerator gpu --workers 1`` times the overhead on one GPU (CUDA events).
 
@@ -13,7 +14,10 @@ each fit's time per step is the median over its epochs after the first, and the 
 the median over repeats of (with / without). ``scenario``: ``--delay`` seconds of busy work
 added to rank 1's backward only (inside an autograd function's backward), then the same job
 with equal ranks; the table has each repeat's first report (pace-setter, rank 1's compute
-against the injected delay plus rank 0's compute). Rank 0 prints a table and the JSON.
+against the injected delay plus rank 0's compute). ``hetero``: the delay (per ``--batch-size``
+samples, so it grows with rank 1's share) under ``HeteroStrategy``, 4 epochs: each boundary's
+plan, step time and pace-setter, and the fraction of the speedup the measured curves allow
+that its plan recovers. Rank 0 prints a table and the JSON.
 """
 
 import argparse
@@ -30,11 +34,19 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero.straggler import StragglerReport
 
-__all__ = ["main", "overhead_rows", "scenario_rows"]
+__all__ = ["hetero_rows", "main", "overhead_rows", "scenario_rows"]
+
+
+#: ``--sleep``: the work sleeps instead (ranks on fewer cores than ranks then do not slow each
+#: other down, as separate devices would not)
+_SLEEP = False
 
 
 def _spin(seconds: float) -> None:
-    """Busy work: a device's compute holds the training thread (a sleep would not)."""
+    """Busy work: a device's compute holds the training thread (``_SLEEP``: a sleep)."""
+    if _SLEEP:
+        time.sleep(seconds)
+        return
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
@@ -57,11 +69,13 @@ class _SlowBackward(torch.autograd.Function):
 
 class _Model(pl.LightningModule):
     """An MLP of ``depth`` layers; ``busy`` seconds of work in each step's forward, and
-    ``delay`` more in ``slow_rank``'s backward."""
+    ``delay`` more per ``base`` samples in ``slow_rank``'s backward."""
 
-    def __init__(self, width: int, depth: int, busy: float, delay: float, slow_rank: int) -> None:
+    def __init__(
+        self, width: int, depth: int, busy: float, delay: float, slow_rank: int, base: int
+    ) -> None:
         super().__init__()
-        self.busy, self.delay, self.slow_rank = busy, delay, slow_rank
+        self.busy, self.delay, self.slow_rank, self.base = busy, delay, slow_rank, base
         self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
         self.head = torch.nn.Linear(width, 1)
 
@@ -71,9 +85,9 @@ class _Model(pl.LightningModule):
             _spin(self.busy)
         for i, layer in enumerate(self.layers):
             x = torch.relu(layer(x))
-            if i == 0:
-                delay = self.delay if self.global_rank == self.slow_rank else 0.0
-                x = _SlowBackward.apply(x, delay)
+            if i == 0:  # the delay grows with the batch: `delay` at the base batch size
+                slow = self.global_rank == self.slow_rank
+                x = _SlowBackward.apply(x, self.delay * len(x) / self.base if slow else 0.0)
         return torch.nn.functional.mse_loss(self.head(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -95,9 +109,11 @@ class _EpochClock(Callback):
         self.per_step.append((time.perf_counter() - self._started) / batches)
 
 
-def _fit(args: argparse.Namespace, report: bool, delay: float) -> tuple[float, list[dict]]:
-    """One fit; returns its median seconds per step (epochs after the first) and the
-    report's history (empty without the report)."""
+def _fit(
+    args: argparse.Namespace, report: bool, delay: float, strategy: Any = "ddp"
+) -> tuple[float, list[dict], Any]:
+    """One fit; returns its median seconds per step (epochs after the first), the
+    report's history (empty without the report) and the trainer."""
     torch.manual_seed(0)
     samples = args.workers * args.batch_size * args.steps
     data = TensorDataset(torch.randn(samples, args.width), torch.randn(samples, 1))
@@ -106,7 +122,7 @@ def _fit(args: argparse.Namespace, report: bool, delay: float) -> tuple[float, l
     trainer = pl.Trainer(
         accelerator=args.accelerator,
         devices=args.workers,
-        strategy="ddp",
+        strategy=strategy,
         max_epochs=args.epochs,
         callbacks=[clock, straggler] if report else [clock],
         logger=False,
@@ -114,10 +130,10 @@ def _fit(args: argparse.Namespace, report: bool, delay: float) -> tuple[float, l
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    model = _Model(args.width, args.depth, args.busy, delay, slow_rank=1)
+    model = _Model(args.width, args.depth, args.busy, delay, slow_rank=1, base=args.batch_size)
     trainer.fit(model, DataLoader(data, batch_size=args.batch_size))
     later = clock.per_step[1:] or clock.per_step
-    return statistics.median(later), straggler.history
+    return statistics.median(later), straggler.history, trainer
 
 
 def overhead_rows(args: argparse.Namespace) -> list[dict[str, float]]:
@@ -137,7 +153,7 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for repeat in range(args.repeats):
         for delay in (args.delay, 0.0):
-            _, history = _fit(args, True, delay)
+            _, history, _ = _fit(args, True, delay)
             first = history[0]
             compute = first["compute_times"]
             expected = delay + compute[0]
@@ -155,9 +171,47 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def hetero_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The same delay under ``HeteroStrategy`` (the delay grows with rank 1's batch): each
+    boundary's plan, step time, and the fraction of the allowed speedup it recovers."""
+    from lightning_hetero import HeteroStrategy
+    from lightning_hetero.planning.base import BatchLimits
+    from lightning_hetero.planning.model import allowed_speedup
+    from lightning_hetero.planning.stragglers import pace_setter
+
+    rows = []
+    for repeat in range(args.repeats):
+        strategy = HeteroStrategy(controller=args.controller)
+        _, report, trainer = _fit(args, True, args.delay, strategy=strategy)
+        history = trainer.strategy.history
+        # what the measured curves allow (every size each rank ran: fixed costs fitted)
+        seen: list[dict[int, list[float]]] = [{} for _ in history[0]["batch_sizes"]]
+        for entry in history:
+            for by_size, b, t in zip(seen, entry["batch_sizes"], entry["compute_times"]):
+                by_size.setdefault(int(b), []).append(float(t))
+        curves = [[(b, statistics.median(ts)) for b, ts in sorted(s.items())] for s in seen]
+        plan = history[0]["batch_sizes"]
+        allowed = allowed_speedup(curves, BatchLimits.build(len(plan), sum(plan)))
+        uniform_s = history[0]["step_time"]
+        for k, entry in enumerate(history):
+            rows.append(
+                {
+                    "repeat": repeat,
+                    "boundary": k,
+                    "batch_sizes": entry["batch_sizes"],
+                    "step_s": entry["step_time"],
+                    "pace_setter": pace_setter(entry["compute_times"]),
+                    "report_pace_setter": report[k]["pace_setter"] if k < len(report) else None,
+                    "allowed_speedup": allowed,
+                    "recovered": uniform_s / entry["step_time"] / allowed,
+                }
+            )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lightning_hetero.bench.straggler")
-    parser.add_argument("what", choices=["overhead", "scenario"])
+    parser.add_argument("what", choices=["overhead", "scenario", "hetero"])
     parser.add_argument("--workers", type=int, default=None, help="2 (overhead), 4 (scenario)")
     parser.add_argument("--repeats", type=int, default=None, help="10 (overhead), 3 (scenario)")
     parser.add_argument("--delay", type=float, default=0.2, help="rank 1's backward, s/step")
@@ -168,20 +222,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--accelerator", default="cpu", help="cpu (gloo ranks) or gpu")
+    parser.add_argument("--sleep", action="store_true", help="sleep instead of busy work")
+    parser.add_argument("--controller", default="proportional", help="hetero: its controller")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
+    global _SLEEP
+    _SLEEP = args.sleep
     torch.set_num_threads(1)
     overhead = args.what == "overhead"
     for name, for_overhead, for_scenario in (
         ("workers", 2, 4),
         ("repeats", 10, 3),
         ("busy", 0.01, 0.05),
-        ("epochs", 3, 1),
+        ("epochs", 3, 1 if args.what == "scenario" else 4),
         ("steps", 40, 8),
     ):
         if getattr(args, name) is None:
             setattr(args, name, for_overhead if overhead else for_scenario)
-    rows: list[dict[str, Any]] = overhead_rows(args) if overhead else scenario_rows(args)
+    rows: list[dict[str, Any]] = (
+        overhead_rows(args)
+        if overhead
+        else scenario_rows(args)
+        if args.what == "scenario"
+        else hetero_rows(args)
+    )
     if int(os.environ.get("LOCAL_RANK", "0")) != 0:  # rank 0 says it
         return
     for row in rows:
@@ -196,6 +260,14 @@ def main(argv: list[str] | None = None) -> None:
             f" {statistics.median(ratios):.4f} (min {min(ratios):.4f}, max {max(ratios):.4f})"
             f" over {len(ratios)} repeats; a step takes {step_s * 1e3:.1f} ms without it"
         )
+    elif args.what == "hetero":
+        for row in rows:
+            print(
+                f"hetero, repeat {row['repeat']}, boundary {row['boundary']}: plan"
+                f" {row['batch_sizes']}, step {row['step_s']:.3f} s, pace-setter"
+                f" {row['pace_setter']} (report: {row['report_pace_setter']}), recovered"
+                f" {row['recovered']:.2f} of the allowed {row['allowed_speedup']:.2f}x"
+            )
     else:
         slow = [row for row in rows if row["delay_s"] > 0]
         equal = [row for row in rows if row["delay_s"] == 0]
