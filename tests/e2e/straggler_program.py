@@ -1,7 +1,8 @@
 """StragglerReport under an unchanged ``strategy="ddp"`` job on 2 gloo ranks: every rank runs
 ``--busy`` seconds of work in each step's forward; ``--delay`` adds seconds to one rank's
-backward only, in the first ``--delay-epochs`` epochs (inside an autograd function's backward, so DDP's all-reduce spreads it over
-every rank's backward wall time). Rank 0 writes the report's history to OUT_PATH as JSON.
+backward only, in the first ``--delay-epochs`` epochs (inside an autograd function's
+backward, so DDP's all-reduce spreads it over every rank's backward wall time). Rank 0 writes
+the report's history to OUT_PATH as JSON.
 
 usage: python straggler_program.py OUT_PATH [--busy S] [--delay S] [--slow-rank K] [--epochs N]
        [--delay-epochs N]
