@@ -4,7 +4,8 @@ a fresh Trainer); rank 0 saves what each case recorded (issue 40's failures 1, 2
 usage: python micro_compat.py OUT_PATH CASE [CASE ...]
 CASE: ``logging`` (synced step logging, a backward hook's synced value and a torchmetrics
 metric with ``dist_sync_on_step``, the plan [8, 2] in micro-batches of 2: rank 0 runs 4, rank
-1 one), ``schedule`` (accumulation 2 taken over, 10 loader batches per rank,
+1 one; ``logging_fsdp``: the same under ``HeteroFSDPStrategy``), ``schedule`` (accumulation
+2 taken over, 10 loader batches per rank,
 ``val_check_interval=0.5``, ``ModelCheckpoint(save_last=True)``, 2 epochs), ``partial``
 (accumulation 2 taken over, ``limit_train_batches=5`` and ``val_check_interval=3``: DDP's
 last, partial window).
@@ -20,7 +21,7 @@ import torchmetrics
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_hetero import HeteroStrategy
+from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
 
 
 def data(samples: int) -> TensorDataset:
@@ -52,8 +53,8 @@ class Model(pl.LightningModule):
             self.log("metric", self.metric, on_step=True, on_epoch=False)
         return loss
 
-    def on_after_backward(self):
-        self.log("grad", self.layer.weight.grad.norm(), sync_dist=True)
+    def on_after_backward(self):  # a backward hook's synced value: the samples just run
+        self.log("grad", torch.tensor(float(self.calls[-1][1])), sync_dist=True)
 
     def validation_step(self, batch, batch_idx):
         x, y, _ = batch
@@ -73,9 +74,10 @@ class Model(pl.LightningModule):
         return DataLoader(data(8), batch_size=4)
 
 
-def logging(folder: Path) -> dict:
+def logging(folder: Path, sharded: bool = False) -> dict:
     model = Model(40, 10, metric=True)
-    strategy = HeteroStrategy(
+    kind = HeteroFSDPStrategy if sharded else HeteroStrategy
+    strategy = kind(
         batch_sizes=[8, 2], controller="static", micro_batch_size=2, shuffle=False,
         timeout=timedelta(seconds=60),
     )  # fmt: skip
@@ -86,6 +88,10 @@ def logging(folder: Path) -> dict:
     expected = sum(loss * n for loss, n in last) / sum(n for _, n in last)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     return {"calls": calls, "expected_loss": expected, "metrics": metrics}
+
+
+def logging_fsdp(folder: Path) -> dict:
+    return logging(folder, sharded=True)
 
 
 def schedule(folder: Path) -> dict:
@@ -119,7 +125,7 @@ def partial(folder: Path) -> dict:
     }
 
 
-def fit(model: pl.LightningModule, strategy: HeteroStrategy, **options) -> pl.Trainer:
+def fit(model: pl.LightningModule, strategy: pl.strategies.Strategy, **options) -> pl.Trainer:
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, logger=False,
         enable_checkpointing="callbacks" in options, enable_model_summary=False,

@@ -8,7 +8,7 @@ from tests.e2e.launch import run_script
 
 pytestmark = pytest.mark.e2e
 
-CASES = ("logging", "schedule", "partial")
+CASES = ("logging", "logging_fsdp", "schedule", "partial")
 
 
 @pytest.fixture(scope="module")
@@ -18,13 +18,14 @@ def results(tmp_path_factory):
     return torch.load(out, weights_only=False)
 
 
-def test_synced_step_logging_runs_one_sync_per_step_whatever_the_micro_batch_counts(results):
+@pytest.mark.parametrize("case", ["logging", "logging_fsdp"])
+def test_synced_step_logging_runs_one_sync_per_step_whatever_the_micro_batch_counts(results, case):
     """Failure 1: ``self.log(sync_dist=True)`` in ``training_step`` and a backward hook, and a
     torchmetrics metric with ``dist_sync_on_step``, while rank 0 runs 4 micro-batches per step
     and rank 1 one: every rank finishes (a mismatched collective aborts gloo), and the logged
     step value is DDP's: the last accumulated batch's, synced (each rank's last micro-batch,
-    weighted by its samples)."""
-    got = results["logging"]
+    weighted by its samples). Under ``HeteroStrategy`` and ``HeteroFSDPStrategy``."""
+    got = results[case]
     assert [len(calls) for calls in got["calls"]] == [12, 3]
     assert [n for _, n in got["calls"][0]] == [2] * 12
     assert got["metrics"]["train_loss"] == pytest.approx(got["expected_loss"], rel=1e-5)
