@@ -108,9 +108,14 @@ class Collectives:
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         if not self.distributed:
             return [tensor.tolist()]
-        rows = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(rows, tensor)
-        return [row.cpu().tolist() for row in rows]
+        if not tensor.numel():
+            return [[] for _ in range(self.world_size)]
+        # into one packed tensor, copied to the host once: not a tensor and a copy per rank
+        packed = torch.empty(
+            self.world_size * tensor.numel(), dtype=tensor.dtype, device=self.device
+        )
+        dist.all_gather_single(packed, tensor)
+        return packed.view(self.world_size, -1).cpu().tolist()
 
     def gather_objects(self, value: Any) -> list[Any]:
         """All-gather one picklable object per rank; returns them in rank order."""

@@ -14,7 +14,7 @@ import socket
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from statistics import fmean
 from typing import Any, Literal
 
@@ -105,11 +105,12 @@ class RankReport:
 
     def row(self) -> list[float]:
         """This report as one row of floats."""
-        return [float(v) for v in astuple(self)]
+        return [float(getattr(self, name)) for name in _FIELD_NAMES]
 
 
 #: The type of each field of a report, in order (a row holds them all as floats).
 _FIELD_KINDS = tuple(int if f.type in (int, "int") else float for f in fields(RankReport))
+_FIELD_NAMES = tuple(f.name for f in fields(RankReport))
 
 
 class Replanner:
@@ -160,6 +161,7 @@ class Replanner:
         self._warned_minimum: set[int] = set()
         self._warned_unseen = False
         self._model_key: tuple[int, ...] | None = None  # see `_model_changed`
+        self._params_of: tuple[Any, list[Any]] | None = None  # the module, its parameters
         self._held_said_at: int | None = None  # the boundary `_say_held` last spoke at
 
     @property
@@ -211,6 +213,7 @@ class Replanner:
     def epoch_started(self) -> None:
         """An epoch of training starts."""
         self._epoch_batches = 0
+        self._params_of = None  # listed again at the next boundary
         self.ctx.timer.break_cycle()  # the time between epochs is no step's
         self.training_mode.on_train_epoch_start()
 
@@ -383,14 +386,23 @@ class Replanner:
                 " hook that communicates): move it out of the training step, or report it."
             )
 
+    def _refresh_params(self) -> None:
+        """List the module's parameters now (walking the module tree costs more than the
+        rest of a boundary on a deep model: it is done at each epoch's start, not at each
+        boundary)."""
+        module = self.ctx.module
+        self._params_of = (module, [] if module is None else list(module.parameters()))
+
     def _model_changed(self) -> bool:
         """Whether the trainable parameters or the optimizer's parameter groups changed since
         the last boundary (``BaseFinetuning`` unfreezing a backbone, a new param group): a
         new per-step cost, not the plan's doing. Every rank holds the same model, so every
         rank decides alike."""
         ctx = self.ctx
-        params = [] if ctx.module is None else ctx.module.parameters()
-        trainable = sum(p.numel() for p in params if p.requires_grad)
+        if self._params_of is None or self._params_of[0] is not ctx.module:
+            self._refresh_params()
+        assert self._params_of is not None
+        trainable = sum(p.numel() for p in self._params_of[1] if p.requires_grad)
         groups = [
             sum(p.numel() for p in group["params"])
             for optimizer in ctx.optimizers

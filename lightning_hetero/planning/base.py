@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 from lightning_hetero.planning.split import PlanError, expand_bound, finite_and_positive
 
 __all__ = [
+    "AUTO_DEADBAND_CAP",
     "AUTO_DEADBAND_FALLBACK",
     "AUTO_DEADBAND_FLOOR",
     "BatchLimits",
@@ -25,6 +26,9 @@ __all__ = [
 Deadband = float | Literal["auto"]
 #: The smallest dead-band ``"auto"`` picks: below it timer resolution and drift decide.
 AUTO_DEADBAND_FLOOR = 0.01
+#: The largest dead-band ``"auto"`` picks: a move the noise may explain is only a probe
+#: (``ProportionalController``'s evidence-sized moves), so a wider band would hold poor plans.
+AUTO_DEADBAND_CAP = 0.25
 #: The dead-band ``"auto"`` falls back to when no rank reports its timing noise.
 AUTO_DEADBAND_FALLBACK = 0.05
 
@@ -126,7 +130,7 @@ def noise_deadband(
 
     ``"auto"`` is twice the largest relative standard error of the ranks' smoothed compute
     times (a predicted gain smaller than that could be noise), at least
-    ``AUTO_DEADBAND_FLOOR``; with no rank reporting its noise,
+    ``AUTO_DEADBAND_FLOOR`` and at most ``AUTO_DEADBAND_CAP``; with no rank reporting its noise,
     ``AUTO_DEADBAND_FALLBACK``. Calm clusters so settle within a percent or two of
     balance, noisy ones move only for gains the noise cannot explain.
 
@@ -145,7 +149,7 @@ def noise_deadband(
     ]
     if not relative:
         return AUTO_DEADBAND_FALLBACK
-    return min(0.5, max(AUTO_DEADBAND_FLOOR, 2.0 * max(relative)))
+    return min(AUTO_DEADBAND_CAP, max(AUTO_DEADBAND_FLOOR, 2.0 * max(relative)))
 
 
 def check_inputs(

@@ -18,6 +18,7 @@ from lightning_hetero.planning.base import (
     check_inputs,
     noise_deadband,
 )
+from lightning_hetero.planning.guard import damped_plan
 from lightning_hetero.planning.split import (
     _clip,
     _fill_level,
@@ -35,6 +36,8 @@ _FLOOR_SHRINK = 0.1
 #: Throughput readings kept per rank and batch size, and batch sizes kept per rank.
 _READINGS_PER_SIZE = 8
 _SIZES_KEPT = 16
+#: Standard errors of the speed ratio at which a boundary confirms the probe before it.
+_CONFIRM_Z = 1.0
 
 
 def _count_down(bounds: list[int | None], expires: list[int | None], relearn_after: int) -> None:
@@ -92,6 +95,9 @@ class LearnedMaximum:
         if not is_count(relearn_after):
             raise ValueError(f"`relearn_after` must be an integer >= 1, got {relearn_after!r}.")
         self.relearn_after = relearn_after
+        #: Each rank's relative throughput noise at this boundary and the last one.
+        self._noise: list[float] = []
+        self._last_noise: list[float] = []
         self.learned_max: list[int | None] = []
         self.learned_expires_in: list[int | None] = []
         self.max_candidates: list[dict[str, Any] | None] = []
@@ -117,9 +123,17 @@ class LearnedMaximum:
                 del readings[next(iter(readings))]
 
     def _upper_bounds(
-        self, current: list[int], throughput: list[float], limits: BatchLimits
+        self,
+        current: list[int],
+        throughput: list[float],
+        limits: BatchLimits,
+        noise: Sequence[float] | None = None,
     ) -> list[int]:
-        """Learn from this boundary's ``(b_k, X_k)``; return the per-rank upper bounds."""
+        """Learn from this boundary's ``(b_k, X_k)``; return the per-rank upper bounds.
+
+        ``noise``: each rank's relative standard error of ``X_k``; a drop must then also
+        exceed twice the noise of the difference (a few stalls are no memory limit)."""
+        self._noise = list(noise) if noise is not None else [0.0] * len(current)
         world_size = len(current)
         if len(self.learned_max) != world_size:
             self.learned_max = [None] * world_size
@@ -139,6 +153,7 @@ class LearnedMaximum:
                         b > grow * old  # grew
                         # and dropped, against the readings at the old size (not an outlier)
                         and throughput[k] < keep * self._reference(k, old, last_throughput[k])
+                        and self._beyond_noise(k, throughput[k], last_throughput[k])
                         and candidates[k] is None
                         and k not in resolved
                     ):
@@ -150,6 +165,7 @@ class LearnedMaximum:
                             "waited": 0,
                         }
         self.last_batch_sizes, self.last_throughput = current, throughput
+        self._last_noise = self._noise
         self._record(current, throughput)
         if self.learned_max.count(None) == world_size:
             return list(limits.max_batch_size)
@@ -167,6 +183,14 @@ class LearnedMaximum:
             self.learned_expires_in = [None] * world_size
             upper = list(limits.max_batch_size)
         return upper
+
+    def _beyond_noise(self, rank: int, now: float, before: float) -> bool:
+        """``now`` is below ``before`` by more than twice the noise of the difference (the
+        rank's relative noise now, and at the last boundary for ``before``)."""
+        noise, last = self._noise, self._last_noise
+        now_se = noise[rank] if rank < len(noise) and math.isfinite(noise[rank]) else 0.0
+        was_se = last[rank] if rank < len(last) and math.isfinite(last[rank]) else now_se
+        return (before - now) / before > 2.0 * math.hypot(now_se, was_se)
 
     def plan_imposed(self, plan: Sequence[int]) -> None:
         """Lift every learned maximum (and candidate) below ``plan``'s size for its rank: a
@@ -200,7 +224,8 @@ class LearnedMaximum:
             self.max_candidates[k] = None
             resolved.add(k)
             reference = min(candidate["throughput"], self._reference(k, size, math.inf))
-            if throughput[k] < keep * reference:  # still slow: confirmed
+            if throughput[k] < keep * reference and self._beyond_noise(k, throughput[k], reference):
+                # still slow: confirmed
                 self.learned_max[k] = size
                 self.learned_expires_in[k] = self.relearn_after
                 warnings.warn(
@@ -338,7 +363,13 @@ class ProportionalController(LearnedMaximum, Controller):
         renormalization: str = "project",
         relearn_after: int = 10,
         learn_floor: bool = False,
+        jump_z: float = 10.0,
+        probe_step: float = 0.1,
     ) -> None:
+        if not jump_z >= 0.0:
+            raise ValueError(f"`jump_z` must be >= 0, got {jump_z}.")
+        if not 0.0 < probe_step <= 1.0:
+            raise ValueError(f"`probe_step` must be in (0, 1], got {probe_step}.")
         if renormalization not in _RENORMALIZATIONS:
             raise ValueError(
                 f"`renormalization` must be one of {_RENORMALIZATIONS}, got {renormalization!r}."
@@ -351,6 +382,11 @@ class ProportionalController(LearnedMaximum, Controller):
         self.learn_max_batch_size = learn_max_batch_size
         self.renormalization = renormalization
         self.learn_floor = learn_floor
+        self.jump_z, self.probe_step = float(jump_z), float(probe_step)
+        #: The direction (per rank: -1, 0, 1) of the last unconfirmed move, if any.
+        self.probing: list[int] | None = None
+        #: Per-sample times and their relative variances measured before that move.
+        self._probe_evidence: tuple[list[float], list[float]] | None = None
         self._init_learned(relearn_after)
         self.learned_min: list[int | None] = []
         self.floor_expires_in: list[int | None] = []
@@ -366,7 +402,8 @@ class ProportionalController(LearnedMaximum, Controller):
         current, compute_s, readings = check_inputs(batch_sizes, compute_s, limits, stats)
         throughput = list(map(truediv, current, compute_s))
         before = (self.last_batch_sizes, self.last_throughput)
-        upper = self._upper_bounds(current, throughput, limits)
+        noise = [r.compute_se / t for r, t in zip(readings, compute_s)]
+        upper = self._upper_bounds(current, throughput, limits, noise)
         lower = self._lower_bounds(current, compute_s, before, limits, upper)
 
         if self.renormalization == "omnilearn":
@@ -378,7 +415,65 @@ class ProportionalController(LearnedMaximum, Controller):
         # some rank moves by more than the dead-band: |new - old| > band * old
         moves = map(gt, map(abs, map(sub, target, current)), map(mul, repeat(band), current))
         significant = balance_efficiency(current, compute_s) < 1.0 - band and any(moves)
-        return target if significant or out_of_bounds else current
+        if out_of_bounds:
+            self.probing = self._probe_evidence = None
+            return target
+        # a probe is confirmed by a boundary that asks the same way beyond its noise, though
+        # the dead-band (the gain in step time) would not act on it alone
+        confirming = self.probing == _direction(current, target) and (
+            _evidence_z(current, target, compute_s, readings) >= _CONFIRM_Z
+        )
+        if not (significant or confirming):  # a probe waits for a boundary that asks again
+            return current
+        return self._sized_by_evidence(current, target, compute_s, readings, lower, upper, limits)
+
+    def _sized_by_evidence(
+        self,
+        current: list[int],
+        target: list[int],
+        compute_s: list[float],
+        readings: list[RankStats],
+        lower: list[int],
+        upper: list[int],
+        limits: BatchLimits,
+    ) -> list[int]:
+        """``target``, or a probe toward it when the evidence is thin.
+
+        The evidence is the log ratio of the compute times of the rank that loses most and the
+        rank that gains most, in standard errors of that ratio (their ``compute_se``). At
+        ``jump_z`` or more the move is made in full. Else the plan moves ``probe_step`` of
+        each rank's batch toward the target (at least a sample), so that a boundary whose
+        timings a few stalls distorted moves the plan little; when the next boundary, measured
+        at the probe, asks the same way, the two boundaries' per-sample times are pooled
+        (weighted by their precision) and the plan moves to their split.
+        """
+        direction = _direction(current, target)
+        per_sample = [t / b for t, b in zip(compute_s, current)]
+        variance = [(r.compute_se / t) ** 2 for r, t in zip(readings, compute_s)]
+        before, self.probing = self.probing, None
+        evidence = self._probe_evidence
+        self._probe_evidence = None
+        if _evidence_z(current, target, compute_s, readings) >= self.jump_z:
+            return target
+        if before == direction and evidence is not None:
+            speeds = _pooled_speeds(evidence, (per_sample, variance))
+            return proportional_split(speeds, limits.global_batch_size, lower, upper)
+        self.probing = direction
+        self._probe_evidence = (per_sample, variance)
+        reach = max(abs(t - b) / b for t, b in zip(target, current) if b > 0)
+        fraction = min(1.0, self.probe_step / reach) if reach > 0 else 1.0
+        probe = damped_plan(current, target, fraction)
+        while fraction > 1e-3 and any(
+            abs(p - b) > max(1.0, self.probe_step * b) for p, b in zip(probe, current)
+        ):  # rounding went past the probe: a smaller one
+            fraction *= 0.8
+            probe = damped_plan(current, target, fraction)
+        if probe == current:  # below one sample: one sample from the most to the least sped-up
+            gain = max(range(len(current)), key=lambda k: (target[k] - current[k]) / current[k])
+            lose = min(range(len(current)), key=lambda k: (target[k] - current[k]) / current[k])
+            probe[gain] += 1
+            probe[lose] -= 1
+        return probe
 
     def _lower_bounds(
         self,
@@ -448,6 +543,10 @@ class ProportionalController(LearnedMaximum, Controller):
             "learned_min": list(self.learned_min),
             "floor_expires_in": list(self.floor_expires_in),
             "floor_candidates": [None if c is None else dict(c) for c in self.floor_candidates],
+            "probing": None if self.probing is None else list(self.probing),
+            "probe_evidence": None
+            if self._probe_evidence is None
+            else [list(part) for part in self._probe_evidence],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -456,6 +555,49 @@ class ProportionalController(LearnedMaximum, Controller):
         self.floor_expires_in = list(state.get("floor_expires_in", [None] * len(self.learned_min)))
         candidates = state.get("floor_candidates") or [None] * len(self.learned_min)
         self.floor_candidates = [None if c is None else dict(c) for c in candidates]
+        probing = state.get("probing")
+        self.probing = None if probing is None else list(probing)
+        evidence = state.get("probe_evidence")
+        self._probe_evidence = None if evidence is None else (list(evidence[0]), list(evidence[1]))
+
+
+def _direction(current: list[int], target: list[int]) -> list[int]:
+    """Per rank, whether ``target`` grows (1), keeps (0) or shrinks (-1) its batch."""
+    return [(t > b) - (t < b) for t, b in zip(target, current)]
+
+
+def _evidence_z(
+    current: list[int], target: list[int], compute_s: list[float], readings: list[RankStats]
+) -> float:
+    """How sure the move from ``current`` to ``target`` is: the log ratio of the compute times
+    of the rank it shrinks most and the rank it grows most (equal times: nothing to move),
+    over the standard error of that ratio (``inf`` when a rank reports no noise: nothing says
+    the move is unsure)."""
+    ranks = range(len(current))
+    gain = max(ranks, key=lambda k: (target[k] - current[k]) / current[k])
+    lose = min(ranks, key=lambda k: (target[k] - current[k]) / current[k])
+    errors = [readings[k].compute_se / compute_s[k] for k in (gain, lose)]
+    if not all(math.isfinite(e) for e in errors):
+        return math.inf
+    spread = math.hypot(*errors)
+    ratio = compute_s[lose] / compute_s[gain]
+    return math.inf if spread == 0 else abs(math.log(ratio)) / spread
+
+
+def _pooled_speeds(*measured: tuple[list[float], list[float]]) -> list[float]:
+    """Per rank, the inverse of the precision-weighted geometric mean of per-sample times
+    measured at several boundaries (``(per_sample_s, relative_variance)`` each); a rank
+    with an unknown or zero variance takes the plain mean of the logs."""
+    speeds = []
+    for k in range(len(measured[0][0])):
+        logs = [math.log(m[0][k]) for m in measured]
+        variances = [v[k] for _, v in measured]
+        if all(math.isfinite(v) and v > 0 for v in variances):
+            weights = [1.0 / v for v in variances]
+        else:
+            weights = [1.0] * len(logs)
+        speeds.append(math.exp(-sum(w * x for w, x in zip(weights, logs)) / sum(weights)))
+    return speeds
 
 
 def _at_floor(batch_size: int, compute_s: float, before: dict[str, Any]) -> bool:

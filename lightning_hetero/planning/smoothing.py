@@ -13,6 +13,8 @@ _BLOCK = 16
 #: standard errors of the difference): a speed change at the same batch size.
 _SPEED_CHANGE = 0.05
 _Z = 3.0
+#: Steps the spread behind ``compute_se`` is read from (the latest ones).
+_SPREAD_STEPS = 256
 #: ``sqrt(pi / 2) * 1.4826``: standard error of a median from the median absolute deviation
 #: (``1.4826 * MAD`` estimates a normal spread; a median's error is ``sqrt(pi / 2)`` times a
 #: mean's), so that stalls in a few steps widen it no more than they move the median.
@@ -20,7 +22,9 @@ _MEDIAN_SE = 1.8582
 
 
 def robust_centre(values: list[float]) -> tuple[float, float]:
-    """The median of ``values`` and its standard error (``nan`` below two values).
+    """The median of ``values`` and its standard error (``nan`` below two values): from the
+    median absolute deviation, or half the interquartile range where that is larger (steps
+    in two clusters).
 
     Example:
         >>> centre, se = robust_centre([1.0, 1.1, 0.9, 1.0, 9.0])  # one stall moves neither
@@ -33,7 +37,12 @@ def robust_centre(values: list[float]) -> tuple[float, float]:
     if len(values) < 2:
         return centre, nan
     spread = median(abs(v - centre) for v in values)
-    return centre, _MEDIAN_SE * spread / sqrt(len(values))
+    # half the interquartile range equals the MAD on symmetric noise; where stalls make the
+    # steps two clusters (a third of them slow, say) the MAD sees only the cluster that holds
+    # the median and the IQR sees both: the larger says how far the median may be off
+    ordered = sorted(values)
+    half_iqr = 0.5 * (ordered[(3 * len(values)) // 4] - ordered[len(values) // 4])
+    return centre, _MEDIAN_SE * max(spread, half_iqr) / sqrt(len(values))
 
 
 def _lower_quartile(values: list[float]) -> tuple[float, float]:
@@ -163,8 +172,13 @@ class TimingSmoother:
     @property
     def compute_se(self) -> float:
         """Standard error of ``compute_s`` (see ``robust_centre``); ``nan`` below two
-        steps."""
-        return robust_centre(list(self._compute))[1]
+        steps. The spread is read from the latest ``_SPREAD_STEPS`` steps (as good an
+        estimate, and a boundary every step or two does not sort a thousand of them)."""
+        n = len(self._compute)
+        if n <= _SPREAD_STEPS:
+            return robust_centre(list(self._compute))[1]
+        latest = list(self._compute)[-_SPREAD_STEPS:]
+        return robust_centre(latest)[1] * sqrt(_SPREAD_STEPS / n)
 
     @property
     def compute_count(self) -> int:

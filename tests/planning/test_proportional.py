@@ -10,7 +10,8 @@ import warnings
 
 import pytest
 
-from lightning_hetero.planning.base import BatchLimits
+from lightning_hetero.planning.base import BatchLimits, RankStats
+from lightning_hetero.planning.guard import StepTimeGuard
 from lightning_hetero.planning.proportional import ProportionalController
 from lightning_hetero.planning.registry import make_controller
 from lightning_hetero.planning.scenarios import run_scenario
@@ -777,3 +778,96 @@ def test_a_replay_of_guard_and_learned_maximum_does_not_alternate() -> None:
         plan = new
     changes = sum(a != b for a, b in zip(plans, plans[1:]))
     assert changes <= 2 and plans[-1] == [77, 51], plans
+
+
+# ---------------------------------------------------------------- moves sized by evidence
+# Issue 42: two ranks, 8 steps between boundaries (adjust_every=8), 30% per-step noise and
+# stalls (the probability, seconds), in milliseconds: 16 samples take 16 ms on a rank of speed 1.
+_HEAVY_NOISE = [(0.15, 0.05), (0.3, 0.02)]
+
+
+def _noisy_pair(speeds: list[float], stalls: tuple[float, float], seed: int) -> list[list[int]]:
+    workers = [SimulatedWorker(0.001 * max(speeds) / s) for s in speeds]
+    sim = ClusterSimulator(workers, noise=0.3, stalls=stalls, seed=seed)
+    limits = BatchLimits.build(2, 32)
+    result = sim.run(
+        ProportionalController(deadband="auto"), [16, 16], limits, 32, 8, guard=StepTimeGuard()
+    )
+    return result.plans
+
+
+@pytest.mark.filterwarnings("ignore:hetero. Rank .*'s batch size is capped")
+@pytest.mark.parametrize("stalls", _HEAVY_NOISE)
+def test_equal_ranks_stay_within_ten_percent_of_uniform_under_heavy_noise(stalls) -> None:
+    for seed in range(10):
+        plans = _noisy_pair([1.0, 1.0], stalls, seed)
+        assert all(abs(plan[0] - 16) <= 1.6 for plan in plans), (seed, plans)
+
+
+@pytest.mark.filterwarnings("ignore:hetero. Rank .*'s batch size is capped")
+@pytest.mark.parametrize("stalls", _HEAVY_NOISE)
+def test_a_three_to_one_pair_under_heavy_noise_is_split_by_the_second_boundary(stalls) -> None:
+    for seed in range(10):
+        plans = _noisy_pair([3.0, 1.0], stalls, seed)
+        assert abs(plans[2][0] - 24) <= 0.15 * 24, (seed, plans[:3])
+
+
+def _se(relative: float, compute_s: list[float]) -> list[RankStats]:
+    return [RankStats(compute_se=relative * t) for t in compute_s]
+
+
+def test_an_unsure_move_is_a_probe_of_a_tenth_of_the_batch() -> None:
+    ctl = ProportionalController(deadband="auto")
+    limits = BatchLimits.build(2, 64)
+    times = [0.032, 0.064]  # 2:1 in speed, but each time is only 15% sure: z = 3.3
+    assert ctl.update([32, 32], times, limits, _se(0.15, times)) == [35, 29]
+    assert ctl.probing == [1, -1]
+
+
+def test_a_sure_move_is_made_in_full_at_once() -> None:
+    ctl = ProportionalController(deadband="auto")
+    limits = BatchLimits.build(2, 64)
+    times = [0.032, 0.064]  # 1% sure: z = 49
+    assert ctl.update([32, 32], times, limits, _se(0.01, times)) == [43, 21]
+    assert ctl.probing is None
+
+
+def test_a_probe_the_next_boundary_confirms_moves_to_the_pooled_split() -> None:
+    ctl = ProportionalController(deadband="auto")
+    limits = BatchLimits.build(2, 64)
+    first = [0.032, 0.064]
+    probe = ctl.update([32, 32], first, limits, _se(0.15, first))
+    then = [0.035, 0.058]  # at the probe [35, 29]: the same 2:1 speeds, the same way
+    assert ctl.update(probe, then, limits, _se(0.15, then)) == [43, 21]
+
+
+def test_a_probe_the_next_boundary_contradicts_is_not_followed() -> None:
+    ctl = ProportionalController(deadband="auto")
+    limits = BatchLimits.build(2, 64)
+    first = [0.032, 0.064]
+    probe = ctl.update([32, 32], first, limits, _se(0.15, first))
+    for slower in (1.3, 1.8):  # now rank 0 looks slower: the first boundary was a fluke
+        then = [0.035 * slower, 0.029]
+        back = ctl.update(probe, then, limits, _se(0.15, then))
+        assert back[0] <= probe[0] and abs(back[0] - 32) <= 3
+
+
+def test_timings_without_noise_readings_move_in_full_as_before() -> None:
+    ctl = ProportionalController(deadband=0.05)
+    assert ctl.update([32, 32], [0.032, 0.064], BatchLimits.build(2, 64)) == [43, 21]
+
+
+def test_a_throughput_drop_within_the_noise_binds_no_maximum() -> None:
+    # rank 0 grew 16 -> 24 and its throughput fell 20%, but each reading is 15% unsure
+    ctl = ProportionalController(deadband=0.01)
+    limits = BatchLimits.build(2, 32)
+    ctl.update([16, 16], [0.016, 0.048], limits, _se(0.15, [0.016, 0.048]))
+    for _ in range(3):
+        ctl.update([24, 8], [0.030, 0.024], limits, _se(0.15, [0.030, 0.024]))
+    assert ctl.learned_max == [None, None] and ctl.max_candidates == [None, None]
+
+
+@pytest.mark.parametrize("kwargs", [{"jump_z": -1.0}, {"probe_step": 0.0}, {"probe_step": 1.5}])
+def test_bad_evidence_options_are_refused(kwargs) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        ProportionalController(**kwargs)

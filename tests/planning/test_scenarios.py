@@ -254,7 +254,8 @@ EXPECTED: dict[tuple[str, str], Expected] = {
     ("proportional-auto", "HL2"): Expected(0.98, 1, (1, 12)),
     ("proportional-auto", "HL4"): Expected(0.97, 1, (1, 8)),
     ("proportional-auto", "HL8"): Expected(0.97, 1, (1, 8)),
-    ("proportional-auto", "steps"): Expected(0.98, 2, (6, 20)),
+    # (issue 42: the guard and the evidence-sized moves make 5 changes on seed 0)
+    ("proportional-auto", "steps"): Expected(0.98, 2, (5, 20)),
     ("proportional-auto", "noisy"): Expected(0.93, 8, (1, 10)),
     ("proportional-auto", "gpu"): Expected(0.98, 1, (1, 12)),
     ("proportional-auto", "memory"): Expected(0.65, NEVER, (8, 28)),

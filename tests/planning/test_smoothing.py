@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from lightning_hetero.planning.smoothing import TimingSmoother
+from lightning_hetero.planning.smoothing import TimingSmoother, robust_centre
 
 
 def feed(smoother: TimingSmoother, batch_size: int, compute_s: list[float]) -> None:
@@ -165,3 +165,22 @@ def test_stalls_in_a_block_do_not_restart_the_statistics():
         s.update(4, rng.gauss(0.3, 0.006) + stall, 0.0)
         restarts += s.compute_count < before
     assert restarts == 0
+
+
+def test_timings_pool_across_boundaries_while_the_plan_holds():
+    s = TimingSmoother()
+    for _ in range(4):  # four boundaries of 8 steps at the same plan
+        feed(s, 4, [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.0])
+        s.mark()
+    assert s.compute_count == 31  # every step but the very first
+    s.update(batch_size=4, compute_s=1.0, wait_s=0.0, plan=7)  # the plan changed: anew
+    assert s.compute_count == 1
+
+
+def test_steps_in_two_clusters_report_the_noise_of_both_not_of_the_median_one():
+    # 8 steps, 3 of them stalled by 50 ms: the MAD sees only the 16 ms cluster
+    values = [0.016, 0.017, 0.015, 0.016, 0.016, 0.066, 0.067, 0.065]
+    centre, se = robust_centre(values)
+    assert centre == pytest.approx(0.0165)
+    assert se / centre > 0.3  # half the IQR: the median may well be off by a third
+    assert robust_centre([1.0, 1.1, 0.9, 1.0, 9.0])[1] == pytest.approx(0.083, abs=1e-3)
