@@ -78,6 +78,16 @@ def test_docstrings_hold_no_sphinx_roles_or_literal_markers():
     assert found == []
 
 
+def test_the_compatibility_page_is_what_the_matrix_tests_case_table_renders() -> None:
+    """docs/compatibility.md is generated from tests/e2e/compat_cases.py (issue 40): rewrite it
+    with ``python -m tests.e2e.compat_cases`` after changing the table."""
+    from tests.e2e.compat_cases import CASES, render_markdown
+
+    page = (DOCS / "compatibility.md").read_text(encoding="utf-8")
+    assert len(CASES) >= 60
+    assert page == render_markdown(), "run `python -m tests.e2e.compat_cases` to rewrite it"
+
+
 # ---------------------------------------------------------------- one place for the numbers
 _COUNT = re.compile(r"\b(\d{1,3}(?:,\d{3})+|\d{3,}) tests\b")
 
