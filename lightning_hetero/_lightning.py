@@ -37,6 +37,7 @@ __all__ = [
     "check_own_sigterm_only",
     "chosen_by_trainer",
     "in_training_batch",
+    "log_resets_once",
     "logging_step",
     "logs_step_metrics",
     "model_parallel_setup",
@@ -66,6 +67,7 @@ PRIVATE_ATTRIBUTES = (
     ("", "_results"),
     ("lightning_module", "_current_fx_name"),
     ("fit_loop.epoch_loop", "_should_check_val_fx"),
+    ("_logger_connector", "should_reset_tensors"),
 )
 #: Private functions of Lightning used here (``module``, ``name``).
 PRIVATE_FUNCTIONS = (
@@ -294,6 +296,34 @@ def set_validation_steps(
 
     def undo() -> None:
         loop.__dict__.pop("_should_check_val_fx", None)
+
+    return undo
+
+
+def log_resets_once(trainer: "pl.Trainer") -> "Callable[[], None]":
+    """Until the returned undo is called, reset each hook's logged tensors at most once.
+
+    In an epoch's first loop batch, ``self.log`` resets the epoch's logged tensors of the
+    hook it runs in whenever that hook differs from the one logged under last
+    (``_LoggerConnector.should_reset_tensors``): a step's micro-batches alternate
+    ``training_step`` and the backward hooks inside one loop batch, which would drop the
+    earlier micro-batches' epoch-level values. Each hook is reset at its first log of the
+    batch, as in one batch of DDP's accumulation.
+    """
+    connector = trainer._logger_connector
+    original = type(connector).should_reset_tensors.__get__(connector)
+    seen: set[str] = set()
+
+    def should_reset_tensors(fx: str) -> bool:
+        if fx in seen:
+            return False
+        seen.add(fx)
+        return original(fx)
+
+    connector.should_reset_tensors = should_reset_tensors
+
+    def undo() -> None:
+        connector.__dict__.pop("should_reset_tensors", None)
 
     return undo
 

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 from lightning_hetero.pytorch_lightning._lightning import (
     LOOP_COUNTS,
     in_training_batch,
+    log_resets_once,
     running_hook,
     set_logged_batch,
     set_loop_counts,
@@ -353,6 +354,7 @@ class MicroBatches:
         self._ddp_counts: tuple[Any, Any] = (1.0, 1.0)
         self._ddp_batches, self._ddp_every = 0, None
         self._undo_validation: Callable[[], None] | None = None
+        self._undo_resets: Callable[[], None] | None = None  # while a step's run
 
     # ---------------------------------------------------------------- seams
     def forward(self, last: bool) -> AbstractContextManager[Any]:
@@ -526,6 +528,7 @@ class MicroBatches:
         first, *rest = split_batch(batch, sum(sizes), sizes)
         self._whole = (batch, self.strategy.training_mode.share)
         self._rest = [(part, n, other, kwargs) for part, n in zip(rest, sizes[1:])]
+        self._undo_resets = log_resets_once(self.strategy.lightning_module.trainer)
         try:
             return self._step(first, sizes[0], other, kwargs, last=False)
         except BaseException as error:
@@ -567,6 +570,12 @@ class MicroBatches:
         whole, strategy.training_mode.share = self._whole
         self._whole = strategy.micro_batch_samples = None
         set_logged_batch(module.trainer, whole)
+        self._end_resets()
+
+    def _end_resets(self) -> None:
+        if self._undo_resets is not None:
+            self._undo_resets()
+            self._undo_resets = None
 
     def abort(self, error: BaseException) -> None:
         """A micro-batched step failed: undo what its micro-batches left set (once)."""
@@ -574,6 +583,7 @@ class MicroBatches:
             return
         self._whole = self.strategy.micro_batch_samples = None
         self._rest, self.local = [], False
+        self._end_resets()
         self.failed()
         note_collective_in_micro_batch(error)
 

@@ -30,6 +30,8 @@ def test_synced_step_logging_runs_one_sync_per_step_whatever_the_micro_batch_cou
     assert [n for _, n in got["calls"][0]] == [2] * 12
     assert got["metrics"]["train_loss"] == pytest.approx(got["expected_loss"], rel=1e-5)
     assert {"grad", "metric", "target"} <= got["metrics"].keys()
+    assert got["metrics"]["grad"] == 2.0  # the backward hook's value, synced in the last
+    assert got["metrics"]["target"] == pytest.approx(got["target"], rel=1e-5)  # per sample
 
 
 def test_validation_and_checkpoints_fall_at_ddps_global_steps_the_epochs_last_included(results):
