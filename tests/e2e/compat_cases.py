@@ -180,7 +180,7 @@ PARTIAL = (
     "the epoch's last, partial window is weighted by its samples, where DDP divides its loss"
     " by accumulate_grad_batches all the same (docs/memory.md)"
 )
-ITERABLE = "refused: it is an IterableDataset"
+ITERABLE = "refused: it is an IterableDataset, which hands each rank an equal share itself"
 #: a collective in training_step under unequal micro-batch counts (issue 40, item 2)
 ALL_REDUCE = (
     "xfail: the user's all_reduce runs once per micro-batch, so ranks with different"
@@ -214,8 +214,9 @@ CASES: tuple[Case, ...] = tuple(
             "global_micro",
             MICRO,
             {
-                "accumulation_scheduler": "refused: the Trainer's `GradientAccumulationScheduler`"
-                " would accumulate several such steps again",
+                "accumulation_scheduler": "refused: would accumulate several such steps again, by"
+                " epoch. Remove the callback and plan each epoch's optimizer step as one global"
+                " batch",
                 "manual": "refused: Remove `micro_batch_size` and cut the batch in your"
                 " `training_step`",
                 "all_reduce": ALL_REDUCE,
@@ -247,7 +248,8 @@ CASES: tuple[Case, ...] = tuple(
                 "checkpoint": DUAL_STEPS.format("ModelCheckpoint(every_n_train_steps=2)"),
                 "val_int": "refused: remove val_check_interval=2 from the Trainer",
                 "max_steps": "refused: remove max_steps=3 from the Trainer",
-                "manual": "refused: needs automatic optimization",
+                "manual": "refused: controller='dual' runs training steps itself and needs"
+                " automatic optimization",
             },
         ),
         *_row(
@@ -260,8 +262,9 @@ CASES: tuple[Case, ...] = tuple(
             "fsdp_micro",
             FSDP,
             {
-                "accumulation_scheduler": "refused: the Trainer's `GradientAccumulationScheduler`"
-                " would accumulate several such steps again"
+                "accumulation_scheduler": "refused: would accumulate several such steps again, by"
+                " epoch. Remove the callback and plan each epoch's optimizer step as one global"
+                " batch"
             },
         ),
     ]
