@@ -350,7 +350,8 @@ class Replanner:
                 rank_zero_info(
                     f"hetero: steps took {entry['step_time']:.4g} s under {plan}{was}; going"
                     f" back to {back}. (The step-time guard, `revert_slower`, reverts a"
-                    " change measured slower, whatever slowed it.)"
+                    " change measured slower unless every rank's time per sample rose as"
+                    " much, which the load, not the plan, explains.)"
                 )
             elif self._guard_in_force is not None:
                 new_plan = self._guard_in_force.propose(plan, new_plan)
