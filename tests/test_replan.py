@@ -321,6 +321,37 @@ def _guarded_pair(controller: Controller) -> tuple[_Host, Replanner]:
     return host, replanner
 
 
+class _Unequal(_Mirror):
+    """Rank 1 computes ``factor`` times as long as rank 0 and waits for the rest of the step."""
+
+    factor = 1.0
+
+    def gather_rows(self, values):
+        rows = super().gather_rows(values)
+        rows[1][1] *= self.factor  # compute_s; step_s (compute plus wait) stays rank 0's
+        return rows
+
+
+def test_a_slowdown_every_rank_saw_under_a_balanced_plan_is_not_reverted():
+    # rank 1 is 1.67x as fast per sample: [6, 10] balances them; then the whole machine
+    # slows down 1.5x, so steps under [6, 10] (1.125 s) are slower than under [8, 8] (1.0 s)
+    host = _Host([8, 8], world_size=2, comm=_Unequal(0, 1, torch.device("cpu")))
+    host.comm.other_batch_size = 8
+    host.training_mode.on_apply = lambda plan: setattr(host.comm, "other_batch_size", plan[1])
+    replanner = host.replanner(
+        _Scripted([[6, 10]]), smoothing=0.8, adjust_every="epoch", guard=StepTimeGuard()
+    )
+    replanner.start()
+    host.comm.factor = 0.6
+    _timed(host, 8, 5, 1.0)
+    _end_epoch(replanner, 5)
+    host.comm.factor = 1.0  # 6 * 0.1875 s on rank 0, 10 * 0.1125 s on rank 1
+    _timed(host, 6, 5, 1.125)
+    _end_epoch(replanner, 5)
+    assert not replanner.history[1]["reverted"] and replanner.guard.reverts == 0
+    assert host.plan_state.batch_sizes == [6, 10]
+
+
 def test_a_plan_change_that_made_steps_slower_is_reverted_and_recorded():
     host, replanner = _guarded_pair(_Scripted([[12, 4]] * 3))
     _timed(host, 8, 5, 1.0)
