@@ -36,7 +36,10 @@ _DDP_ONLY += ("ddp_comm_hook", "find_unused_parameters")
 class _ShardedMicroBatches(MicroBatches):
     """``HeteroFSDPStrategy``'s micro-batches: FSDP decides in the forward (reshard after
     it?) and in the backward (reduce-scatter, reshard after it?), so its switches stay held
-    from a step's first micro-batch to its last (``UnshardedAccumulation``)."""
+    from a step's first micro-batch to its last (``UnshardedAccumulation``). Its all-gathers
+    go through ``torch.distributed``: no collective is refused in its micro-batches."""
+
+    refuses_collectives = False
 
     def __init__(self, strategy: Any) -> None:
         super().__init__(strategy)

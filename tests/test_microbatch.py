@@ -491,3 +491,31 @@ def test_a_collectives_error_in_a_micro_batched_step_says_what_runs_per_micro_ba
     other = ValueError("a user's own error")
     note_collective_in_micro_batch(other)
     assert not getattr(other, "__notes__", [])
+
+
+class _OwnAllReduce(_Recorded):
+    def training_step(self, batch, batch_idx):
+        torch.distributed.all_reduce(torch.ones(1))  # once per micro-batch: unequal counts
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_users_own_collective_in_a_micro_batch_is_refused_naming_it(tmp_path):
+    """Failure 1: a collective of the user's own in ``training_step`` would run once per
+    micro-batch (a different count on each rank: gloo aborts, NCCL hangs); it is refused in
+    the first micro-batch that is not the rank's last, with a message that names it."""
+    original = torch.distributed.all_reduce
+    trainer = pl.Trainer(
+        strategy=HeteroStrategy(micro_batch_size=2),  # loader batches of 4: [2, 2]
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    message = r"`torch.distributed.all_reduce` was called inside a micro-batch.*on_train_batch_end"
+    with pytest.raises(RuntimeError, match=message):
+        trainer.fit(_OwnAllReduce())
+    assert torch.distributed.all_reduce is original  # put back

@@ -525,9 +525,10 @@ class HeteroEngine:
         step's other micro-batches (see ``MicroBatches.run_rest``)."""
         run = super().backward
         try:
-            result = self.training_mode.backward(
-                closure_loss, lambda loss: run(loss, optimizer, *args, **kwargs)
-            )
+            with self.micro.guarded():  # before the rank's last micro-batch: no collective
+                result = self.training_mode.backward(
+                    closure_loss, lambda loss: run(loss, optimizer, *args, **kwargs)
+                )
             self.micro.run_rest(optimizer)
         except BaseException as error:
             self.micro.abort(error)

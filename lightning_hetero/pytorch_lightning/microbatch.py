@@ -17,7 +17,7 @@ optimizer step whatever its number of micro-batches. Torch mechanisms only: no c
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, ClassVar
 
 import pytorch_lightning as pl
 import torch
@@ -301,6 +301,53 @@ def local_metric_syncs(module: torch.nn.Module, local: bool) -> Iterator[None]:
             metric.dist_sync_on_step = True
 
 
+#: ``torch.distributed``'s collectives, refused while a micro-batch before a rank's last runs.
+_COLLECTIVES = (
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather",
+    "gather_object", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+    "scatter_object_list",
+)  # fmt: skip
+
+
+@contextmanager
+def refused_collectives() -> Iterator[None]:
+    """While a micro-batch before this rank's last of a step runs (its ``training_step`` and
+    backward): a collective of ``torch.distributed`` raises an error that names it.
+
+    Ranks run different numbers of micro-batches, so a collective in each would pair with
+    nothing on the other ranks (gloo aborts the process, NCCL hangs). DDP's own
+    communication is not affected (``no_sync`` holds the gradient all-reduce back, and its
+    buffer broadcast is a private call).
+    """
+    import torch.distributed as dist
+
+    saved = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+
+    def refuse(name: str) -> Callable[..., Any]:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(
+                f"hetero: `torch.distributed.{name}` was called inside a micro-batch that is not"
+                " this rank's last of the step. Each rank runs `training_step` (and the backward"
+                " hooks) once per micro-batch, a different number of times, so the call would"
+                " pair with nothing on the other ranks. `self.log(..., sync_dist=True)` and"
+                " torchmetrics' `dist_sync_on_step` sync once per optimizer step by"
+                " themselves; move any other collective (`self.all_gather`, your own"
+                " `all_reduce`) to `on_train_batch_end`, or train without micro-batches"
+                " (no `micro_batch_size`, `accumulate_grad_batches=1`)."
+            )
+
+        return collective
+
+    for name in saved:
+        setattr(dist, name, refuse(name))
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(dist, name, function)
+
+
 def note_collective_in_micro_batch(error: BaseException) -> None:
     """Say, on a collective's error in a micro-batched step, what runs a different number of
     times on each rank (a user's own collective in ``training_step`` or a backward hook)."""
@@ -338,6 +385,11 @@ class MicroBatches:
     A strategy whose micro-batches hold something across a step overrides ``forward`` and
     ``failed`` (``HeteroFSDPStrategy``: FSDP2's switches, ``UnshardedAccumulation``).
     """
+
+    #: A collective of ``torch.distributed`` in a micro-batch before the rank's last raises
+    #: an error naming it (``refused_collectives``); ``False`` where the micro-batches' own
+    #: communication goes through those functions (FSDP2's all-gathers).
+    refuses_collectives: ClassVar[bool] = True
 
     def __init__(self, strategy: Any) -> None:
         self.strategy = strategy
@@ -547,8 +599,13 @@ class MicroBatches:
         module = strategy.lightning_module
         set_logged_batch(module.trainer, batch)  # self.log weighs its samples
         self.local = not last  # until the next micro-batch starts (backward too)
-        with self.forward(last), local_metric_syncs(module, not last):
+        with self.forward(last), local_metric_syncs(module, not last), self.guarded():
             return strategy._training_step(batch, *other, **kwargs)
+
+    def guarded(self) -> AbstractContextManager[Any]:
+        """Around a micro-batch's training step or backward: ``refused_collectives`` before
+        the rank's last micro-batch of the step (where the strategy ``refuses_collectives``)."""
+        return refused_collectives() if self.local and self.refuses_collectives else nullcontext()
 
     def run_rest(self, optimizer: Any) -> None:
         """The forward and backward of each of the step's micro-batches after its first, once
