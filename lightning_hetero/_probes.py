@@ -146,6 +146,7 @@ class StepProbe:
         safety: float,
         max_auto: bool | None = None,
         micro_auto: bool = False,
+        lower: int = 1,
     ) -> dict[str, Any]:
         """``max_batch_size="auto"`` (or ``micro_batch_size="auto"``): each rank's memory
         bound, gathered from all ranks.
@@ -155,10 +156,11 @@ class StepProbe:
         runs as two held micro-batches (see ``steps``) and the bound is a micro-batch's.
         ``max_auto``/``micro_auto``: which of the two options the user set to ``"auto"``,
         so that messages name that one (default: ``max_batch_size`` unless ``micro``).
+        ``lower``: the model's smallest batch (BatchNorm's 2): no size below it is probed.
         """
         ctx = self.context
         largest = min(total, len(self.loader.dataset))  # type: ignore[arg-type]
-        sizes = sizes or probe_sizes(largest)
+        sizes = sorted({max(lower, size) for size in sizes or probe_sizes(largest)})
         device = ctx.device
         devices = ctx.devices or [device]
         # ranks sharing what the probe measures: the GPU on CUDA (unless MPS partitions

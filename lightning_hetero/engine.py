@@ -453,6 +453,7 @@ class HeteroEngine:
                 self.memory_safety,
                 max_auto=state.max_batch_size == "auto",
                 micro_auto=micro_auto,
+                lower=state.lower(),
             )
         if state.max_batch_size == "auto":
             state.measured_max = self.memory_probe["max_batch_sizes"]

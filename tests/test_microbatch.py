@@ -188,7 +188,7 @@ def test_auto_takes_each_ranks_micro_batch_bound_from_the_memory_probe(tmp_path,
     from lightning_hetero import _probes
 
     found = {"max_batch_sizes": [3], "fixed_bytes": [0.0], "per_sample_bytes": [1.0]}
-    monkeypatch.setattr(_probes.StepProbe, "memory", lambda self, total, sizes, safety: found)
+    monkeypatch.setattr(_probes.StepProbe, "memory", lambda self, total, sizes, safety, **_: found)
     strategy = HeteroStrategy(micro_batch_size="auto", controller="static")
     trainer = pl.Trainer(
         strategy=strategy,
@@ -519,3 +519,35 @@ def test_a_users_own_collective_in_a_micro_batch_is_refused_naming_it(tmp_path):
     with pytest.raises(RuntimeError, match=message):
         trainer.fit(_OwnAllReduce())
     assert torch.distributed.all_reduce is original  # put back
+
+
+class _Normed(_Recorded):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(32)
+
+    def forward(self, x):
+        return self.layer(self.norm(x))
+
+
+def test_auto_bounds_of_a_batch_norm_model_probe_no_batch_of_one(tmp_path):
+    """Failure 4: ``micro_batch_size="auto"`` probes a BatchNorm model's memory at sizes of
+    at least 2 (a batch of one raised BatchNorm's error in the probe)."""
+    torch.manual_seed(0)
+    model = _Normed()
+    strategy = HeteroStrategy(micro_batch_size="auto", controller="static")
+    trainer = pl.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model)
+    assert [size for size, _ in strategy.memory_probe["samples"]] == [2, 4]  # not 1, 2, 4
+    assert min(model.seen) >= 2 and model.seen[-2:] == [4, 4]  # the probe's steps, then 2
