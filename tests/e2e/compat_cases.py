@@ -183,9 +183,10 @@ PARTIAL = (
 ITERABLE = "refused: it is an IterableDataset, which hands each rank an equal share itself"
 #: a collective in training_step under unequal micro-batch counts (issue 40, item 2)
 ALL_REDUCE = (
-    "xfail: the user's all_reduce runs once per micro-batch, so ranks with different"
-    " micro-batch counts call it a different number of times (gloo aborts the launch);"
-    " neither equal counts nor a refusal yet"
+    "xfail: the user's all_reduce runs once per micro-batch, a different number of times on"
+    " each rank: refused in the first micro-batch that is not the rank's last, with an error"
+    " naming it, but a rank whose share is one micro-batch waits in the call until the"
+    " collective timeout"
 )
 DUAL_STEPS = (
     "xfail: the dual plan gives the ranks different numbers of steps per epoch, and {} runs"
@@ -223,14 +224,7 @@ CASES: tuple[Case, ...] = tuple(
                 "iterable": ITERABLE,
             },
         ),
-        *_row(
-            "micro_auto",
-            ("log_step_sync", "val_float", "checkpoint", "batchnorm"),
-            {
-                "batchnorm": "xfail: a micro-batch of one sample (issue 40, failure 4): BatchNorm"
-                " raises 'Expected more than 1 value per channel when training'"
-            },
-        ),
+        *_row("micro_auto", ("log_step_sync", "val_float", "checkpoint", "batchnorm")),
         *_row("async", SHORT),
         *_row(
             "local",
