@@ -81,6 +81,11 @@ def _is_peer_gone(error: BaseException) -> bool:
     return "connection closed" in text or "connection reset" in text
 
 
+# torch 2.13 renamed all_gather_into_tensor (kept, deprecated) to all_gather_single; the
+# package declares torch>=2.3, which has only the old name
+_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 @dataclass(frozen=True)
 class Collectives:
     """One rank's view of the default process group.
@@ -114,7 +119,7 @@ class Collectives:
         packed = torch.empty(
             self.world_size * tensor.numel(), dtype=tensor.dtype, device=self.device
         )
-        dist.all_gather_single(packed, tensor)
+        _ALL_GATHER_SINGLE(packed, tensor)
         return packed.view(self.world_size, -1).cpu().tolist()
 
     def gather_objects(self, value: Any) -> list[Any]:
