@@ -8,6 +8,9 @@ Rank 0 rewrites OUT_JSON after every cell (a launch that dies keeps what it fini
 After each cell the ranks compare which cell they are at and how it ended; when they
 disagree, or that exchange fails (a cell desynchronised the process group), the launch exits
 with code 3 and the harness starts another for the cells left.
+
+Environment: ``COMPAT_TIMEOUT_S`` (default 30), the seconds a collective waits before it fails
+its cell; ``COMPAT_DEBUG=1`` adds each cell's sample ids and logged rows, and its DDP run's.
 """
 
 import json
