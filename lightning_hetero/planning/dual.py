@@ -323,6 +323,29 @@ def _check_rule(update_factor: str) -> None:
         )
 
 
+def _check_plan_arguments(
+    d: int,
+    n: int,
+    large_batch_size: int,
+    small_workers: int,
+    extra_time_ratio: float,
+    update_factor: str,
+) -> tuple[int, float]:
+    """The checks both planners share; returns the large batch size and the time ratio."""
+    large = _check_count("large_batch_size", large_batch_size, 2)
+    if isinstance(small_workers, bool) or not isinstance(small_workers, int):
+        raise DualBatchError(f"`small_workers` must be an integer, got {small_workers!r}.")
+    if not 0 <= small_workers <= n:
+        raise DualBatchError(
+            f"`small_workers` must be in [0, {n}] (the number of workers), got {small_workers}."
+        )
+    k = _check_ratio(extra_time_ratio)
+    _check_rule(update_factor)
+    if d < n:
+        raise DualBatchError(f"{n} workers need at least {n} samples, got {d}.")
+    return large, k
+
+
 def plan_dual_batch(
     time_model: TimeModel,
     dataset_size: int,
@@ -361,17 +384,9 @@ def plan_dual_batch(
     """
     d = _check_count("dataset_size", dataset_size, 1)
     n = _check_count("world_size", world_size, 1)
-    large = _check_count("large_batch_size", large_batch_size, 2)
-    if isinstance(small_workers, bool) or not isinstance(small_workers, int):
-        raise DualBatchError(f"`small_workers` must be an integer, got {small_workers!r}.")
-    if not 0 <= small_workers <= n:
-        raise DualBatchError(
-            f"`small_workers` must be in [0, {n}] (the number of workers), got {small_workers}."
-        )
-    k = _check_ratio(extra_time_ratio)
-    _check_rule(update_factor)
-    if d < n:
-        raise DualBatchError(f"{n} workers need at least {n} samples, got {d}.")
+    large, k = _check_plan_arguments(
+        d, n, large_batch_size, small_workers, extra_time_ratio, update_factor
+    )
     n_small, n_large = small_workers, n - small_workers
     a, b = time_model.a, time_model.b
     if n_small == 0:
@@ -466,17 +481,9 @@ def plan_dual_batch_by_speed(
     models = tuple(rank_models)
     n = _check_count("world_size", len(models), 1)
     d = _check_count("dataset_size", dataset_size, 1)
-    large = _check_count("large_batch_size", large_batch_size, 2)
-    if isinstance(small_workers, bool) or not isinstance(small_workers, int):
-        raise DualBatchError(f"`small_workers` must be an integer, got {small_workers!r}.")
-    if not 0 <= small_workers <= n:
-        raise DualBatchError(
-            f"`small_workers` must be in [0, {n}] (the number of workers), got {small_workers}."
-        )
-    k = _check_ratio(extra_time_ratio)
-    _check_rule(update_factor)
-    if d < n:
-        raise DualBatchError(f"{n} workers need at least {n} samples, got {d}.")
+    large, k = _check_plan_arguments(
+        d, n, large_batch_size, small_workers, extra_time_ratio, update_factor
+    )
     # slowest first; ranks within 10% of the fastest count as equally fast (timing noise),
     # and among those the last ranks come first, as in paper 003's plan
     fastest = min(m.predict(large) for m in models)
