@@ -36,6 +36,7 @@ __all__ = [
     "SUPPORTED",
     "check_own_sigterm_only",
     "chosen_by_trainer",
+    "count_loader_batches",
     "in_training_batch",
     "log_resets_once",
     "logging_step",
@@ -68,6 +69,7 @@ PRIVATE_ATTRIBUTES = (
     ("lightning_module", "_current_fx_name"),
     ("fit_loop.epoch_loop", "_should_check_val_fx"),
     ("_logger_connector", "should_reset_tensors"),
+    ("fit_loop", "max_batches"),
 )
 #: Private functions of Lightning used here (``module``, ``name``).
 PRIVATE_FUNCTIONS = (
@@ -296,6 +298,57 @@ def set_validation_steps(
 
     def undo() -> None:
         loop.__dict__.pop("_should_check_val_fx", None)
+
+    return undo
+
+
+def count_loader_batches(
+    trainer: "pl.Trainer", batches: "Callable[[], int]", per_step: int
+) -> "Callable[[], None]":
+    """Make the Trainer's progress bar count an epoch's ``batches()`` loader batches, ``per_step``
+    of them per loop batch (``0``: Lightning's own count); returns the undo.
+
+    Lightning's bars read their total from ``trainer.num_training_batches`` (the fit loop's
+    ``max_batches``, through ``ProgressBar.total_train_batches``) in ``on_train_epoch_start``
+    (and Rich's, when resumed, in ``on_train_batch_end``) and their position from
+    ``batch_idx + 1`` in ``on_train_batch_end``. Around those two hooks of the bar only, the
+    total is the loader batches and the position the last loader batch of the loop batch's
+    window, as under Lightning's own accumulation; the loop, the other callbacks and the
+    validation schedule keep the loop's counts.
+    """
+    bar = trainer.progress_bar_callback
+    if bar is None:
+        return lambda: None
+    loop = trainer.fit_loop
+    start, end = bar.on_train_epoch_start, bar.on_train_batch_end
+
+    @contextmanager
+    def counted() -> Iterator[int]:
+        kept, count = loop.max_batches, batches()
+        if count:
+            loop.max_batches = count
+        try:
+            yield count
+        finally:
+            loop.max_batches = kept
+
+    def on_train_epoch_start(*args: Any, **kwargs: Any) -> None:
+        with counted():
+            start(*args, **kwargs)
+
+    def on_train_batch_end(*args: Any) -> None:
+        *other, batch_idx = args
+        with counted() as count:
+            if count:
+                batch_idx = min((batch_idx + 1) * per_step, count) - 1
+            end(*other, batch_idx)
+
+    bar.on_train_epoch_start = on_train_epoch_start
+    bar.on_train_batch_end = on_train_batch_end
+
+    def undo() -> None:
+        bar.__dict__.pop("on_train_epoch_start", None)
+        bar.__dict__.pop("on_train_batch_end", None)
 
     return undo
 

@@ -5,7 +5,7 @@ import re
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.callbacks import GradientAccumulationScheduler, TQDMProgressBar
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
@@ -404,6 +404,86 @@ def test_a_run_resumed_inside_an_epoch_keeps_the_conversion_and_its_steps(tmp_pa
     torch.testing.assert_close(torch.stack(model.sums), torch.stack(expected_sums))
     for mine, theirs in zip(model.parameters(), expected.parameters()):
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
+
+
+class _Bar(TQDMProgressBar):
+    """Records the bar's total at each epoch's start, and its position and metrics after each
+    training batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.totals: list[int] = []
+        self.shown: list[tuple[int, float]] = []
+
+    def on_train_epoch_start(self, trainer, *args):
+        super().on_train_epoch_start(trainer, *args)
+        self.totals.append(self.train_progress_bar.total)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        loss = self.get_metrics(trainer, pl_module)["loss"]
+        self.shown.append((self.train_progress_bar.n, float(loss)))
+
+
+class _LogsLoss(_Recorded):
+    def training_step(self, batch, batch_idx):
+        output = super().training_step(batch, batch_idx)
+        self.log("loss", output["loss"], prog_bar=True)
+        return output
+
+
+def _bar_fit(tmp_path, strategy, batch_size=4, **options):
+    torch.manual_seed(0)
+    model, bar = _LogsLoss(), _Bar()
+    model.train_dataloader = lambda: torch.utils.data.DataLoader(
+        _Recorded().train_dataloader().dataset, batch_size=batch_size
+    )
+    trainer = pl.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[bar],
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        **options,
+    )
+    trainer.fit(model)
+    return trainer, bar
+
+
+@pytest.mark.parametrize(
+    "options", [{"max_epochs": 2}, {"max_epochs": 1, "limit_train_batches": 9}]
+)
+def test_the_progress_bar_counts_loader_batches_under_the_accumulation_take_over(tmp_path, options):
+    """Failure 2's bar: with accumulation 2 taken over, the bar's total and position are
+    Lightning's loader batches (24 an epoch, or a limit of 9: a last, partial window), and its
+    loss the one Lightning shows there (the window's last loader batch's)."""
+    options = {"accumulate_grad_batches": 2, **options}
+    _, plain = _bar_fit(tmp_path / "plain", "auto", **options)
+    strategy = HeteroStrategy(controller="static", shuffle=False)
+    trainer, got = _bar_fit(tmp_path / "hetero", strategy, **options)
+    total = plain.totals[0]
+    assert got.totals == plain.totals and total == options.get("limit_train_batches", 24)
+    # shown at the end of each optimizer step: every second loader batch, and the last
+    expected = [(n, loss) for n, loss in plain.shown if n % 2 == 0 or n == total]
+    assert [n for n, _ in got.shown] == [n for n, _ in expected]
+    torch.testing.assert_close([loss for _, loss in got.shown], [loss for _, loss in expected])
+    # the bar's own hooks are Lightning's again once the fit ended
+    assert "on_train_batch_end" not in vars(trainer.progress_bar_callback)
+
+
+def test_the_progress_bar_counts_loader_batches_under_micro_batch_size(tmp_path):
+    """With ``micro_batch_size`` (no accumulation) a loader batch is a loop batch: the bar's
+    total and positions are Lightning's."""
+    _, plain = _bar_fit(tmp_path / "plain", "auto", batch_size=16, max_epochs=1)
+    strategy = HeteroStrategy(controller="static", shuffle=False, micro_batch_size=4)
+    _, got = _bar_fit(tmp_path / "hetero", strategy, batch_size=16, max_epochs=1)
+    assert got.totals == plain.totals == [6]
+    assert [n for n, _ in got.shown] == [n for n, _ in plain.shown] == list(range(1, 7))
 
 
 class _Estimating(_Recorded):

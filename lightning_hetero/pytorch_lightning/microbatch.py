@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 from lightning_hetero.pytorch_lightning._lightning import (
     LOOP_COUNTS,
+    count_loader_batches,
     in_training_batch,
     log_resets_once,
     running_hook,
@@ -406,6 +407,7 @@ class MicroBatches:
         self._ddp_counts: tuple[Any, Any] = (1.0, 1.0)
         self._ddp_batches, self._ddp_every = 0, None
         self._undo_validation: Callable[[], None] | None = None
+        self._undo_bar: Callable[[], None] | None = None  # the progress bar's loader batches
         self._undo_resets: Callable[[], None] | None = None  # while a step's run
 
     # ---------------------------------------------------------------- seams
@@ -463,12 +465,13 @@ class MicroBatches:
         self._user_counts = (trainer, set_loop_counts(trainer, counts))
         trainer.accumulate_grad_batches = 1
         self._undo_validation = set_validation_steps(trainer, self.validates)
+        self._undo_bar = count_loader_batches(trainer, lambda: self._ddp_batches, accumulate)
         state.accumulation = accumulate
         rank_zero_info(
             f"hetero: `accumulate_grad_batches={accumulate}` runs as one global batch of"
             f" loader batch x {accumulate} x {strategy.world_size} ranks per optimizer step,"
             " each rank's share in micro-batches of at most the loader batch (the loop counts"
-            " optimizer steps: one batch each)."
+            " optimizer steps: one batch each; the progress bar counts loader batches)."
         )
 
     def check(self, trainer: "pl.Trainer") -> None:
@@ -553,13 +556,17 @@ class MicroBatches:
         return validates_after(batch_idx + 1, batches, accumulate, self._ddp_every, offset)
 
     def teardown(self) -> None:
-        """Put the Trainer's loop counts and validation rule back as the user left them."""
+        """Put the Trainer's loop counts, validation rule and progress bar back as the user
+        left them."""
         if self._user_counts is not None:
             set_loop_counts(*self._user_counts)
             self._user_counts = None
         if self._undo_validation is not None:
             self._undo_validation()
             self._undo_validation = None
+        if self._undo_bar is not None:
+            self._undo_bar()
+            self._undo_bar = None
 
     # ---------------------------------------------------------------- the step
     def sizes(self) -> list[int] | None:
