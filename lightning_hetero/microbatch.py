@@ -407,6 +407,9 @@ class MicroBatches:
         self._undo_validation: Callable[[], None] | None = None
         self._undo_bar: Callable[[], None] | None = None  # the progress bar's loader batches
         self._undo_resets: Callable[[], None] | None = None  # while a step's run
+        # each micro-batch's loss and samples, and the step's loss once all of them ran
+        self._losses: list[tuple[torch.Tensor, int]] = []
+        self._step_loss: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- seams
     def forward(self, last: bool) -> AbstractContextManager[Any]:
@@ -586,11 +589,16 @@ class MicroBatches:
         self._whole = (batch, self.strategy.training_mode.share)
         self._rest = [(part, n, other, kwargs) for part, n in zip(rest, sizes[1:])]
         self._undo_resets = log_resets_once(self.strategy.lightning_module.trainer)
+        self._losses, self._step_loss = [], None
         try:
-            return self._step(first, sizes[0], other, kwargs, last=False)
+            output = self._step(first, sizes[0], other, kwargs, last=False)
         except BaseException as error:
             self.abort(error)
             raise
+        loss = output.get("loss") if isinstance(output, Mapping) else output
+        if isinstance(loss, torch.Tensor):  # else the step's loss stays Lightning's
+            self._losses.append((loss.detach(), sizes[0]))
+        return output
 
     def _step(
         self, batch: Any, samples: int, other: tuple[Any, ...], kwargs: dict[str, Any], last: bool
@@ -626,8 +634,14 @@ class MicroBatches:
             last = index == len(rest) - 1
             with running_hook(module, "training_step"):
                 output = self._step(batch, samples, other, kwargs, last=last)
+            loss = step_loss(output)
+            self._losses.append((loss.detach(), samples))
             with running_hook(module, "backward"):
-                strategy.backward(step_loss(output), optimizer)
+                strategy.backward(loss, optimizer)
+        if len(self._losses) == len(rest) + 1:  # the first's too: the step's loss
+            total = sum(samples for _, samples in self._losses)
+            self._step_loss = sum(loss * (n / total) for loss, n in self._losses)
+        self._losses = []
         # as the step's start left them: its share, and the whole batch for logging
         whole, strategy.training_mode.share = self._whole
         self._whole = strategy.micro_batch_samples = None
@@ -645,13 +659,19 @@ class MicroBatches:
             return
         self._whole = self.strategy.micro_batch_samples = None
         self._rest, self.local = [], False
+        self._losses, self._step_loss = [], None
         self._end_resets()
         self.failed()
         note_collective_in_micro_batch(error)
 
     def after(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
         """``closure`` (the first micro-batch's step, zero-grad and backward, which runs the
-        others), then any micro-batches still to run (a first step that returned no loss)."""
+        others), then any micro-batches still to run (a first step that returned no loss).
+
+        The loss the closure returns, which Lightning also hands to ``on_train_batch_end`` as
+        ``outputs["loss"]``, becomes the step's: the micro-batches' losses weighted by their
+        samples (the loss of the rank's whole share, as one batch, or the sum of what
+        Lightning's accumulation hands over the batches of a window)."""
 
         def run() -> Any:
             result = closure()
@@ -660,6 +680,10 @@ class MicroBatches:
             except BaseException as error:
                 self.abort(error)
                 raise
+            step, self._step_loss = self._step_loss, None
+            if isinstance(result, torch.Tensor) and step is not None:
+                with torch.no_grad():
+                    result.copy_(step)  # Lightning's detached copy of the first's loss
             return result
 
         return run

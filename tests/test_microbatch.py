@@ -414,6 +414,7 @@ class _Bar(TQDMProgressBar):
         super().__init__()
         self.totals: list[int] = []
         self.shown: list[tuple[int, float]] = []
+        self.outputs: list[float] = []  # the `loss` Lightning hands to the batch's end
 
     def on_train_epoch_start(self, trainer, *args):
         super().on_train_epoch_start(trainer, *args)
@@ -423,6 +424,7 @@ class _Bar(TQDMProgressBar):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         loss = self.get_metrics(trainer, pl_module)["loss"]
         self.shown.append((self.train_progress_bar.n, float(loss)))
+        self.outputs.append(float(outputs["loss"]))
 
 
 class _LogsLoss(_Recorded):
@@ -472,6 +474,12 @@ def test_the_progress_bar_counts_loader_batches_under_the_accumulation_take_over
     expected = [(n, loss) for n, loss in plain.shown if n % 2 == 0 or n == total]
     assert [n for n, _ in got.shown] == [n for n, _ in expected]
     torch.testing.assert_close([loss for _, loss in got.shown], [loss for _, loss in expected])
+    # `outputs["loss"]`: the step's, the sum of what Lightning hands over the window's batches
+    # (each batch's loss / 2)
+    ends = [i for i, (n, _) in enumerate(plain.shown) if n % 2 == 0 or n == total]
+    windows = [plain.outputs[start + 1 : end + 1] for start, end in zip([-1, *ends], ends)]
+    windows = [sum(window) * 2 / len(window) for window in windows]  # a partial window: /1
+    torch.testing.assert_close(got.outputs, windows)
     # the bar's own hooks are Lightning's again once the fit ended
     assert "on_train_batch_end" not in vars(trainer.progress_bar_callback)
 
@@ -484,6 +492,9 @@ def test_the_progress_bar_counts_loader_batches_under_micro_batch_size(tmp_path)
     _, got = _bar_fit(tmp_path / "hetero", strategy, batch_size=16, max_epochs=1)
     assert got.totals == plain.totals == [6]
     assert [n for n, _ in got.shown] == [n for n, _ in plain.shown] == list(range(1, 7))
+    # the step's loss, `outputs["loss"]`: the whole batch's (its micro-batches' weighted by
+    # their samples), not the first micro-batch's
+    torch.testing.assert_close(got.outputs, plain.outputs)
 
 
 class _Estimating(_Recorded):
