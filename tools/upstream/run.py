@@ -83,6 +83,36 @@ def run_pytest(
         subprocess.run(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
+#: what ``check`` runs in a patched interpreter
+CHECK = """
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
+from lightning_hetero import HeteroStrategy
+built = DDPStrategy(find_unused_parameters=True, start_method="spawn")
+assert type(built) is HeteroStrategy and built._ddp_kwargs == {"find_unused_parameters": True}
+assert built._start_method == "spawn"
+names = [name for name in StrategyRegistry if name.startswith("ddp")]
+assert names and all(type(StrategyRegistry.get(name)) is HeteroStrategy for name in names), names
+assert type(DDPStrategy.__new__(type("Sub", (DDPStrategy,), {}))) is not HeteroStrategy
+common = dict(accelerator="cpu", logger=False, enable_progress_bar=False)
+assert type(Trainer(devices=2, **common).strategy) is HeteroStrategy
+one = Trainer(devices=1, accumulate_grad_batches=2, **common).strategy
+assert type(one) is HeteroStrategy and one.world_size == 1
+scheduler = GradientAccumulationScheduler({0: 2})
+assert type(Trainer(devices=1, callbacks=[scheduler], **common).strategy) is HeteroStrategy
+assert type(Trainer(devices=1, **common).strategy) is SingleDeviceStrategy
+print(f"patched: DDPStrategy and {len(names)} ddp* names build HeteroStrategy; world size 1 ok")
+"""
+
+
+def check() -> int:
+    """Run ``CHECK`` with the patch on ``PYTHONPATH`` (``--world1``): 0 when it holds."""
+    extra = {"PYTHONPATH": str(SITE), "LIGHTNING_HETERO_UPSTREAM_WORLD1": "1"}
+    command = [sys.executable, "-c", CHECK]
+    return subprocess.run(command, env=child_env(**extra), cwd=tempfile.gettempdir()).returncode
+
+
 def load(path: Path) -> dict[str, dict[str, str]]:
     if not path.exists():
         return {}
@@ -133,6 +163,7 @@ def main() -> int:
     ex.add_argument("--git-dir", required=True, help="a Lightning repository's git directory")
     ex.add_argument("--ref", required=True, help="the tag of the installed Lightning")
     ex.add_argument("--dest", required=True, type=Path)
+    sub.add_parser("check", help="check that the patch builds HeteroStrategy where it should")
     co = sub.add_parser("compare", help="run tests unpatched and patched; print the regressions")
     co.add_argument("lightning", help="the folder `extract` wrote")
     co.add_argument("selection", nargs="+", help="paths (or globs) under tests/tests_pytorch")
@@ -149,6 +180,8 @@ def main() -> int:
     if args.command == "extract":
         extract(args.git_dir, args.ref, args.dest)
         return 0
+    if args.command == "check":
+        return check()
     return compare(args)
 
 
