@@ -21,6 +21,7 @@ from lightning.fabric.plugins.environments import (
 )
 from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -46,6 +47,7 @@ __all__ = [
     "request_train_reload",
     "running_hook",
     "set_logged_batch",
+    "step_checkpoints",
     "set_loop_counts",
     "set_validation_steps",
     "settle_logged_metrics",
@@ -70,6 +72,8 @@ PRIVATE_ATTRIBUTES = (
     ("fit_loop.epoch_loop", "_should_check_val_fx"),
     ("_logger_connector", "should_reset_tensors"),
     ("fit_loop", "max_batches"),
+    ("checkpoint_callback", "_every_n_train_steps"),
+    ("checkpoint_callback", "_train_time_interval"),
 )
 #: Private functions of Lightning used here (``module``, ``name``).
 PRIVATE_FUNCTIONS = (
@@ -442,3 +446,18 @@ def unstash_loader_states(checkpoint: dict[str, Any]) -> None:
     loop = _loop_state(checkpoint)
     if states is not None and loop is not None:
         loop["combined_loader"] = states
+
+
+def step_checkpoints(trainer: "pl.Trainer") -> list[str]:
+    """The ``ModelCheckpoint`` callbacks of ``trainer`` that save on training steps or on
+    time (``every_n_train_steps``, ``train_time_interval``), each as the option it was
+    given: they act on a step count, or agree across ranks at every step."""
+    found = []
+    for callback in getattr(trainer, "callbacks", ()):
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        if callback._every_n_train_steps:
+            found.append(f"ModelCheckpoint(every_n_train_steps={callback._every_n_train_steps})")
+        if callback._train_time_interval is not None:
+            found.append(f"ModelCheckpoint(train_time_interval={callback._train_time_interval})")
+    return found

@@ -1,8 +1,10 @@
 """Dual batch size learning in HeteroStrategy: options, the partition sampler, the checks."""
 
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hetero import HeteroStrategy
 from lightning_hetero._data import refuse_step_counting
@@ -27,10 +29,18 @@ def test_dual_runs_on_the_parameter_server_only():
         (dict(max_steps=10), "max_steps=10"),
         (dict(limit_train_batches=0.5), "limit_train_batches=0.5"),
         (dict(val_check_interval=0.25), "val_check_interval=0.25"),
+        (
+            dict(callbacks=[ModelCheckpoint(every_n_train_steps=5)]),
+            r"ModelCheckpoint\(every_n_train_steps=5\)",
+        ),
+        (
+            dict(callbacks=[ModelCheckpoint(train_time_interval=timedelta(minutes=1))]),
+            r"ModelCheckpoint\(train_time_interval=0:01:00\)",
+        ),
     ],
 )
 def test_step_counted_trainer_options_are_refused_with_dual(trainer, named):
-    options = dict(max_steps=-1, limit_train_batches=1.0, val_check_interval=1.0)
+    options = dict(max_steps=-1, limit_train_batches=1.0, val_check_interval=1.0, callbacks=[])
     fake_trainer = SimpleNamespace(**{**options, **trainer})
     strategy = HeteroStrategy(mode="async", controller="dual")
     with pytest.raises(ValueError, match=f"controller='dual'.*remove {named}"):

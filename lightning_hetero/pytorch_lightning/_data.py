@@ -22,6 +22,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
+from lightning_hetero.pytorch_lightning._lightning import step_checkpoints
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 from lightning_hetero.streaming import ChunkedDataset, reads_by_index
 
@@ -204,8 +205,12 @@ def refuse_step_counting(trainer: "pl.Trainer", what: str) -> None:
         problems.append(f"limit_train_batches={trainer.limit_train_batches}")
     if trainer.val_check_interval != 1.0:
         problems.append(f"val_check_interval={trainer.val_check_interval}")
+    # a checkpoint on steps or on time agrees across ranks at every step (a broadcast), or
+    # saves (collectives) at a step number each rank reaches at another time
+    problems.extend(step_checkpoints(trainer))
     if problems:
         raise ValueError(
             f"{what} gives ranks different numbers of steps per epoch, so training is"
-            f" counted in epochs only; remove {', '.join(problems)} from the Trainer."
+            f" counted in epochs only; remove {', '.join(problems)} from the Trainer (a"
+            " ModelCheckpoint can save on epochs or on validation instead)."
         )

@@ -597,6 +597,20 @@ class HeteroEngine:
             # the step's values are synced in each rank's last micro-batch only (what DDP
             # logs on a step is its last accumulated batch's value, synced)
             return tensor
+        if (
+            not self.training_mode.even_steps
+            and self.comm.distributed
+            and in_training_batch(self.lightning_module)
+        ):
+            # ranks make different numbers of steps: a collective on a step would pair with
+            # another rank's later step, or wait for one that never comes
+            raise RuntimeError(
+                f"{self.training_mode.option_text()} gives ranks different numbers of steps per"
+                " epoch, so a value logged with `self.log(..., sync_dist=True)` in"
+                " `training_step` (or another reduction during a training batch) cannot be"
+                " synced on the step: log it with `on_step=False, on_epoch=True` or"
+                " `sync_dist=False`, or sync it at the epoch's end."
+            )
         with self.timer.waiting():
             weigh = is_mean(reduce_op) and tensor.is_floating_point() and self.comm.distributed
             if weigh and in_training_batch(self.lightning_module):

@@ -188,10 +188,12 @@ ALL_REDUCE = (
     " naming it, but a rank whose share is one micro-batch waits in the call until the"
     " collective timeout"
 )
-DUAL_STEPS = (
-    "xfail: the dual plan gives the ranks different numbers of steps per epoch, and {} runs"
-    " a collective on a step that one rank never makes (it times out); not refused, as"
-    " val_check_interval and max_steps are"
+#: ranks that make different numbers of steps per epoch (local SGD, dual batch) cannot
+#: sync on a step, nor save on one
+UNEVEN_SYNC = "refused: cannot be synced on the step: log it with `on_step=False, on_epoch=True`"
+UNEVEN_CHECKPOINT = (
+    "refused: remove ModelCheckpoint(every_n_train_steps=2) from the Trainer (a"
+    " ModelCheckpoint can save on epochs or on validation instead)"
 )
 
 CASES: tuple[Case, ...] = tuple(
@@ -230,6 +232,8 @@ CASES: tuple[Case, ...] = tuple(
             "local",
             SHORT,
             {
+                "log_step_sync": UNEVEN_SYNC,
+                "checkpoint": UNEVEN_CHECKPOINT,
                 "val_int": "refused: remove val_check_interval=2 from the Trainer",
                 "max_steps": "refused: remove max_steps=3 from the Trainer",
             },
@@ -238,8 +242,8 @@ CASES: tuple[Case, ...] = tuple(
             "dual",
             SHORT,
             {
-                "log_step_sync": DUAL_STEPS.format("a value synced on every step"),
-                "checkpoint": DUAL_STEPS.format("ModelCheckpoint(every_n_train_steps=2)"),
+                "log_step_sync": UNEVEN_SYNC,
+                "checkpoint": UNEVEN_CHECKPOINT,
                 "val_int": "refused: remove val_check_interval=2 from the Trainer",
                 "max_steps": "refused: remove max_steps=3 from the Trainer",
                 "manual": "refused: controller='dual' runs training steps itself and needs"
