@@ -49,7 +49,8 @@ def run_pytest(
     lightning: Path, selection: list[str], outcomes: Path, patched: bool, args: argparse.Namespace
 ) -> None:
     outcomes.unlink(missing_ok=True)
-    paths = [str(HERE)] + ([str(SITE)] if patched else [])
+    # patched: lightning_hetero from the checkout this harness is in (e.g. a clean copy of HEAD)
+    paths = [str(HERE)] + ([str(SITE), str(HERE.parents[1])] if patched else [])
     if os.environ.get("PYTHONPATH"):
         paths.append(os.environ["PYTHONPATH"])
     extra = {"PYTHONPATH": os.pathsep.join(paths), "HETERO_UPSTREAM_OUTCOMES": str(outcomes)}
@@ -102,13 +103,16 @@ assert type(one) is HeteroStrategy and one.world_size == 1
 scheduler = GradientAccumulationScheduler({0: 2})
 assert type(Trainer(devices=1, callbacks=[scheduler], **common).strategy) is HeteroStrategy
 assert type(Trainer(devices=1, **common).strategy) is SingleDeviceStrategy
+import lightning_hetero
 print(f"patched: DDPStrategy and {len(names)} ddp* names build HeteroStrategy; world size 1 ok")
+print(f"lightning_hetero from {lightning_hetero.__file__}")
 """
 
 
 def check() -> int:
     """Run ``CHECK`` with the patch on ``PYTHONPATH`` (``--world1``): 0 when it holds."""
-    extra = {"PYTHONPATH": str(SITE), "LIGHTNING_HETERO_UPSTREAM_WORLD1": "1"}
+    extra = {"PYTHONPATH": f"{SITE}{os.pathsep}{HERE.parents[1]}"}
+    extra["LIGHTNING_HETERO_UPSTREAM_WORLD1"] = "1"
     command = [sys.executable, "-c", CHECK]
     return subprocess.run(command, env=child_env(**extra), cwd=tempfile.gettempdir()).returncode
 
