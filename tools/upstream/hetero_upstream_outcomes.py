@@ -22,8 +22,12 @@ def _first_line(report: pytest.TestReport | pytest.CollectReport) -> str:
     text = crash.message if crash is not None else str(report.longrepr or "")
     if isinstance(report.longrepr, tuple):  # skips: (path, line, reason)
         text = str(report.longrepr[2])
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[0][:300] if lines else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if lines[0].endswith(":") and len(lines) > 2:  # a rank's traceback: its last lines say why
+        return f"{lines[0]} ... {' | '.join(lines[-2:])}"[:300]
+    return lines[0][:300]
 
 
 def _write(nodeid: str, outcome: str, message: str) -> None:
