@@ -62,26 +62,39 @@ def run_pytest(
         extra["LIGHTNING_HETERO_UPSTREAM_WORLD1"] = "1"
     env = child_env(warnings=True, **extra)
     env.pop("PL_RUN_STANDALONE_TESTS", None)
+    if args.standalone:  # Lightning's conftest then keeps only RunIf(standalone=True) tests
+        env["PL_RUN_STANDALONE_TESTS"] = "1"
     root = lightning / "tests"
     paths = [
         str(p.relative_to(root)) for s in selection for p in sorted(root.glob(f"tests_pytorch/{s}"))
     ]
-    command = [sys.executable, "-m", "pytest", *paths]
-    command += [
-        "-p",
-        "hetero_upstream_outcomes",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        f"addopts={ADDOPTS}",
-    ]
-    command += [f"--timeout={args.timeout}", "--color=no", "-q", "-rN"]
+    options = ["-p", "hetero_upstream_outcomes", "-p", "no:cacheprovider"]
+    options += ["-o", f"addopts={ADDOPTS}"]
+    options += [f"--timeout={args.timeout}", "--color=no", "-q", "-rN"]
     if args.k:
-        command += ["-k", args.k]
+        options += ["-k", args.k]
+    runs = [paths]
+    if args.standalone:
+        # one process per test, as Lightning's run_standalone_tasks.sh: the `popen` launcher
+        # re-runs the command for the other ranks, which must be that one test
+        listed = subprocess.run(
+            [sys.executable, "-m", "pytest", *paths, *options, "--collect-only"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        # node ids are relative to Lightning's root, the command runs in its tests/
+        ids = [line for line in listed.stdout.splitlines() if "::" in line]
+        runs = [[nodeid.removeprefix("tests/")] for nodeid in ids]
     log = outcomes.with_suffix(".log")
-    print(f"{'patched' if patched else 'unpatched'}: {' '.join(command)} (log: {log})", flush=True)
+    label = "patched" if patched else "unpatched"
     with log.open("w") as out:
-        subprocess.run(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+        for run in runs:
+            command = [sys.executable, "-m", "pytest", *run, *options]
+            print(f"{label}: {' '.join(command)} (log: {log})", flush=True)
+            out.flush()
+            subprocess.run(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 #: what ``check`` runs in a patched interpreter
@@ -130,6 +143,7 @@ def compare(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tag = "-".join(s.strip("/").replace("/", "_").replace("*", "X") for s in args.selection)
     tag += f"-k_{args.k}".replace(" ", "_") if args.k else ""
+    tag += "-standalone" if args.standalone else ""
     before = out / f"{tag}.unpatched.jsonl"
     after = out / f"{tag}.patched{'-world1' if args.world1 else ''}.jsonl"
     for path, patched in ((before, False), (after, True)):
@@ -179,6 +193,11 @@ def main() -> int:
     co.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout)")
     co.add_argument("-k", default=None, help="pytest's -k expression")
     co.add_argument("--out", default="/tmp/hetero-upstream", help="where outcomes and logs go")
+    co.add_argument(
+        "--standalone",
+        action="store_true",
+        help="Lightning's RunIf(standalone=True) tests only, each in its own process",
+    )
     co.add_argument("--fresh", action="store_true", help="run again even where outcomes exist")
     args = parser.parse_args()
     if args.command == "extract":
