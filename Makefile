@@ -49,7 +49,7 @@ $(OLDEST_STAMP): pyproject.toml constraints-oldest.txt
 # runs those tests on the pinned versions
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_PY) -m pytest -m "not slow and not multinode and not e2e and not ray" \
-		--ignore-glob='tests/test_bench_*.py
+		--ignore-glob='tests/test_bench_*.py'
 
 # multi-process training runs: tests/e2e and Lightning's own FSDP2 tests (how long:
 # docs/times.md); the 15 slowest are listed at the end, to see where the time goes
