@@ -19,6 +19,7 @@ from tqdm import tqdm
 from lightning_hetero.bench.run import launch
 from lightning_hetero.planning import HETEROGENEITY_LEVELS, ideal_speedup, proportional_split
 from lightning_hetero.plots import plot_history
+from lightning_hetero.summary import summary_line as fit_summary_line
 
 SKIP = 2  # epochs left out of the steady state (the first re-plans)
 # why the two runs' accuracy differs although the gradient is exact
@@ -112,6 +113,8 @@ def main() -> None:
     print(f"\n{summary_line(ddp_s / hetero_s, ideal, proportional_split(cores, 128))}")
     plans = [h["next_batch_sizes"] for h in results["hetero"]["history"]]
     print(f"plan per boundary: {compress(plans)}")
+    if results["hetero"].get("fit_summary"):  # the strategy's own end-of-fit line
+        print(fit_summary_line(results["hetero"]["fit_summary"]))
     print(ACCURACY_NOTE)
     print(f"logs: tensorboard --logdir {args.logs}")
     chart = args.plot or args.logs / "demo.png"

@@ -288,6 +288,7 @@ def controller_of(config: RunConfig) -> Any:
 def run(config: RunConfig) -> dict[str, Any]:
     """Train as configured; returns (and on rank 0 writes) the summary."""
     from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
+    from lightning_hetero.callback import HeteroCallback
     from lightning_hetero.emulate import Throttle
 
     torch.set_num_threads(1)  # several ranks share the machine's cores
@@ -328,6 +329,10 @@ def run(config: RunConfig) -> dict[str, Any]:
         )
     timer, curve = EpochTimer(config.progress), AccuracyCurve()
     callbacks: list[Callback] = [timer]
+    # the strategy's own callback, passed in so that its end-of-fit summary outlives the fit
+    hetero = HeteroCallback() if config.strategy in ("hetero", "hetero_fsdp") else None
+    if hetero is not None:
+        callbacks.append(hetero)
     step_times = StepTimes()
     if config.step_times:
         callbacks.append(step_times)
@@ -412,6 +417,8 @@ def run(config: RunConfig) -> dict[str, Any]:
     if config.val_every_epoch:
         summary["accuracy_curve"] = curve.points
         summary["train_s"] = curve.train_s
+    if hetero is not None:
+        summary["fit_summary"] = hetero.summary  # lightning_hetero.summary.fit_summary
     if hasattr(strategy, "replanner"):
         summary["batch_sizes"] = strategy.batch_sizes
         summary["history"] = strategy.history
