@@ -13,6 +13,7 @@ optimizer step whatever its number of micro-batches. Torch mechanisms only: no c
 """
 
 import math
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, ClassVar
@@ -35,7 +36,7 @@ from lightning_hetero._lightning import (
     set_validation_steps,
 )
 from lightning_hetero.planning.split import is_count
-from lightning_hetero.sampler import EpochPermutation
+from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
 __all__ = [
     "check_micro_batch_size",
@@ -44,6 +45,8 @@ __all__ = [
     "micro_bounds",
     "micro_sizes",
     "note_collective_in_micro_batch",
+    "own_collectives",
+    "refused_collectives",
     "FirstSamples",
     "ddp_loader_batches",
     "limited_batches",
@@ -279,25 +282,41 @@ def step_loss(output: Any) -> torch.Tensor:
 
 
 @contextmanager
-def local_metric_syncs(module: torch.nn.Module, local: bool) -> Iterator[None]:
+def local_metric_syncs(
+    module: torch.nn.Module, local: bool, allowed: bool = False
+) -> Iterator[None]:
     """With ``local``, the module's torchmetrics metrics that sync on every step
     (``dist_sync_on_step=True``) compute this micro-batch's value on this rank alone.
 
     Ranks run different numbers of micro-batches per step, so a sync in each would pair
     with nothing on the others; each rank syncs in its last micro-batch only (as
     ``HeteroEngine.reduce`` does for logged values), one sync per optimizer step everywhere.
+    With ``allowed`` (a last micro-batch while ``refused_collectives`` holds), their syncs
+    run as the strategy's own (``own_collectives``).
     """
-    metrics = local and [m for m in module.modules() if getattr(m, "dist_sync_on_step", 0) is True]
+    metrics = (local or allowed) and [
+        m for m in module.modules() if getattr(m, "dist_sync_on_step", 0) is True
+    ]
     if not metrics:
         yield
         return
-    for metric in metrics:
-        metric.dist_sync_on_step = False
+    saved = [(metric, metric.dist_sync_fn) for metric in metrics]
+    for metric, sync in saved:
+        if local:
+            metric.dist_sync_on_step = False
+        else:
+            metric.dist_sync_fn = _as_own(sync or _gather_all_tensors())
     try:
         yield
     finally:
-        for metric in metrics:
-            metric.dist_sync_on_step = True
+        for metric, sync in saved:
+            metric.dist_sync_on_step, metric.dist_sync_fn = True, sync
+
+
+def _gather_all_tensors() -> Callable[..., Any]:
+    from torchmetrics.utilities.distributed import gather_all_tensors
+
+    return gather_all_tensors
 
 
 #: ``torch.distributed``'s collectives, refused while a micro-batch before a rank's last runs.
@@ -308,32 +327,68 @@ _COLLECTIVES = (
     "scatter_object_list",
 )  # fmt: skip
 
+# the strategy's own collectives while `refused_collectives` holds (depth, this thread)
+_OWN = threading.local()
+
 
 @contextmanager
-def refused_collectives() -> Iterator[None]:
+def own_collectives() -> Iterator[None]:
+    """The strategy's own collectives (a deferred step-level sync, a metric's sync in the
+    rank's last micro-batch) pass ``refused_collectives``: every rank makes them once per
+    optimizer step."""
+    depth = getattr(_OWN, "depth", 0)
+    _OWN.depth = depth + 1
+    try:
+        yield
+    finally:
+        _OWN.depth = depth
+
+
+def _as_own(function: Callable[..., Any]) -> Callable[..., Any]:
+    def own(*args: Any, **kwargs: Any) -> Any:
+        with own_collectives():
+            return function(*args, **kwargs)
+
+    return own
+
+
+@contextmanager
+def refused_collectives(counts: Sequence[int] | None = None) -> Iterator[None]:
     """While a micro-batch before this rank's last of a step runs (its ``training_step`` and
-    backward): a collective of ``torch.distributed`` raises an error that names it.
+    backward), or any training step of a step whose ranks run different numbers of
+    micro-batches (``counts``, one per rank): a collective of ``torch.distributed`` raises an
+    error that names it, unless the strategy makes it (``own_collectives``).
 
     Ranks run different numbers of micro-batches, so a collective in each would pair with
-    nothing on the other ranks (gloo aborts the process, NCCL hangs). DDP's own
-    communication is not affected (``no_sync`` holds the gradient all-reduce back, and its
-    buffer broadcast is a private call).
+    nothing on the other ranks (gloo aborts the process, NCCL hangs). With ``counts`` every
+    rank refuses its first such call, the ranks with one micro-batch included, so none is
+    left waiting in the call. DDP's own communication is not affected (``no_sync`` holds the
+    gradient all-reduce back, and its buffer broadcast is a private call).
     """
     import torch.distributed as dist
 
     saved = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+    where = (
+        f"inside a training step whose ranks run different numbers of micro-batches"
+        f" ({list(counts)} this step)"
+        if counts is not None
+        else "inside a micro-batch that is not this rank's last of the step"
+    )
 
     def refuse(name: str) -> Callable[..., Any]:
+        function = saved[name]
+
         def collective(*args: Any, **kwargs: Any) -> Any:
+            if getattr(_OWN, "depth", 0):
+                return function(*args, **kwargs)
             raise RuntimeError(
-                f"hetero: `torch.distributed.{name}` was called inside a micro-batch that is not"
-                " this rank's last of the step. Each rank runs `training_step` (and the backward"
-                " hooks) once per micro-batch, a different number of times, so the call would"
-                " pair with nothing on the other ranks. `self.log(..., sync_dist=True)` and"
-                " torchmetrics' `dist_sync_on_step` sync once per optimizer step by"
-                " themselves; move any other collective (`self.all_gather`, your own"
-                " `all_reduce`) to `on_train_batch_end`, or train without micro-batches"
-                " (no `micro_batch_size`, `accumulate_grad_batches=1`)."
+                f"hetero: `torch.distributed.{name}` was called {where}. Each rank runs"
+                " `training_step` (and the backward hooks) once per micro-batch, a different"
+                " number of times, so the call would pair with nothing on the other ranks."
+                " `self.log(..., sync_dist=True)` and torchmetrics' `dist_sync_on_step` sync"
+                " once per optimizer step by themselves; move any other collective"
+                " (`self.all_gather`, your own `all_reduce`) to `on_train_batch_end`, or train"
+                " without micro-batches (no `micro_batch_size`, `accumulate_grad_batches=1`)."
             )
 
         return collective
@@ -410,6 +465,9 @@ class MicroBatches:
         # each micro-batch's loss and samples, and the step's loss once all of them ran
         self._losses: list[tuple[torch.Tensor, int]] = []
         self._step_loss: torch.Tensor | None = None
+        #: The ranks' micro-batch counts of this step where they differ (``plan_step``):
+        #: every training step then refuses the user's collectives, on every rank.
+        self.uneven: list[int] | None = None
 
     # ---------------------------------------------------------------- seams
     def forward(self, last: bool) -> AbstractContextManager[Any]:
@@ -570,6 +628,39 @@ class MicroBatches:
             self._undo_bar = None
 
     # ---------------------------------------------------------------- the step
+    def plan_step(self, batch_idx: int) -> None:
+        """Read every rank's micro-batch count of step ``batch_idx`` from the plan (at the
+        step's start, before the training step): ``uneven`` where they differ."""
+        self.uneven = None
+        strategy = self.strategy
+        bounds, sampler = strategy.micro_bounds, strategy.training_mode.sampler
+        module = strategy.lightning_module
+        if (
+            bounds is None
+            or not self.refuses_collectives
+            or not isinstance(sampler, GlobalBatchSampler)
+            or not (module.trainer.training and module.automatic_optimization)
+        ):
+            return
+        _, shares = sampler.layout(min(batch_idx, len(sampler) - 1))
+        lower = strategy.plan_state.lower()
+        counts = [len(micro_sizes(n, bounds[k], lower)) for k, n in enumerate(shares)]
+        if len(set(counts)) > 1:
+            self.uneven = counts
+
+    def whole(self) -> AbstractContextManager[Any]:
+        """Around a training step run as one batch (``sizes`` is ``None``): the refusal of
+        collectives where other ranks run several micro-batches (``uneven``)."""
+        return self._strict(self.strategy.lightning_module)
+
+    @contextmanager
+    def _strict(self, module: torch.nn.Module) -> Iterator[None]:
+        if self.uneven is None:
+            yield
+            return
+        with refused_collectives(self.uneven), local_metric_syncs(module, False, allowed=True):
+            yield
+
     def sizes(self) -> list[int] | None:
         """The sizes of this step's micro-batches; ``None``: the step runs as one batch."""
         strategy = self.strategy
@@ -612,7 +703,10 @@ class MicroBatches:
         module = strategy.lightning_module
         set_logged_batch(module.trainer, batch)  # self.log weighs its samples
         self.local = not last  # until the next micro-batch starts (backward too)
-        with self.forward(last), local_metric_syncs(module, not last), self.guarded():
+        # the last micro-batch's training step refuses the user's collectives where other
+        # ranks run other counts; its backward does not (the gradient sync runs there)
+        strict = self._strict(module) if last else nullcontext()
+        with self.forward(last), local_metric_syncs(module, not last), self.guarded(), strict:
             return strategy._training_step(batch, *other, **kwargs)
 
     def guarded(self) -> AbstractContextManager[Any]:

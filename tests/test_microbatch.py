@@ -11,6 +11,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
 from lightning_hetero.microbatch import (
     FirstSamples,
+    MicroBatches,
     converted_accumulation,
     ddp_loader_batches,
     limited_batches,
@@ -18,11 +19,13 @@ from lightning_hetero.microbatch import (
     micro_bounds,
     micro_sizes,
     note_collective_in_micro_batch,
+    own_collectives,
+    refused_collectives,
     split_batch,
     step_loss,
     validates_after,
 )
-from lightning_hetero.sampler import EpochPermutation
+from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
 
 @pytest.mark.parametrize(
@@ -610,6 +613,64 @@ def test_a_users_own_collective_in_a_micro_batch_is_refused_naming_it(tmp_path):
     with pytest.raises(RuntimeError, match=message):
         trainer.fit(_OwnAllReduce())
     assert torch.distributed.all_reduce is original  # put back
+
+
+def test_a_step_whose_ranks_run_different_micro_batch_counts_refuses_collectives_everywhere(
+    monkeypatch,
+):
+    """A rank whose share is one micro-batch must refuse the user's collective too (else it
+    waits in it while the others refuse theirs); the strategy's own syncs pass."""
+    calls = []
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda *a, **k: calls.append(a))
+    with refused_collectives([4, 1]):
+        with pytest.raises(RuntimeError, match=r"different numbers of micro-batches \(\[4, 1\]"):
+            torch.distributed.all_reduce(torch.ones(1))
+        with own_collectives():
+            torch.distributed.all_reduce(torch.ones(1))
+    assert len(calls) == 1
+    torch.distributed.all_reduce(torch.ones(1))  # put back
+    assert len(calls) == 2
+
+
+def test_a_metric_that_syncs_on_step_syncs_as_the_strategys_own_in_a_last_micro_batch(
+    monkeypatch,
+):
+    import torchmetrics
+
+    module = torch.nn.Module()
+    module.synced = torchmetrics.MeanMetric(dist_sync_on_step=True)
+    gathered = []
+
+    def gather(tensor, group=None):
+        torch.distributed.all_gather([tensor], tensor)  # refused unless the strategy's own
+        return [tensor]
+
+    monkeypatch.setattr(torch.distributed, "all_gather", lambda *a, **k: gathered.append(a))
+    module.synced.dist_sync_fn = gather
+    with refused_collectives([4, 1]), local_metric_syncs(module, False, allowed=True):
+        module.synced.dist_sync_fn(torch.ones(1))
+    assert len(gathered) == 1 and module.synced.dist_sync_fn is gather
+    with refused_collectives([4, 1]), pytest.raises(RuntimeError, match="all_gather"):
+        module.synced.dist_sync_fn(torch.ones(1))  # outside the allowance: refused
+
+
+@pytest.mark.parametrize(
+    ("plan", "bounds", "expected"), [([8, 2], [2, 2], [4, 1]), ([4, 4], [2, 2], None)]
+)
+def test_every_rank_reads_all_ranks_micro_batch_counts_from_the_plan(plan, bounds, expected):
+    from types import SimpleNamespace
+
+    sampler = GlobalBatchSampler(EpochPermutation(40), plan, rank=1)
+    module = SimpleNamespace(trainer=SimpleNamespace(training=True), automatic_optimization=True)
+    strategy = SimpleNamespace(
+        micro_bounds=bounds,
+        training_mode=SimpleNamespace(sampler=sampler),
+        lightning_module=module,
+        plan_state=SimpleNamespace(lower=lambda: 1),
+    )
+    micro = MicroBatches(strategy)
+    micro.plan_step(0)
+    assert micro.uneven == expected
 
 
 class _Normed(_Recorded):

@@ -46,6 +46,7 @@ from lightning_hetero.pytorch_lightning.microbatch import (
     MicroBatches,
     check_micro_batch_size,
     micro_bounds,
+    own_collectives,
 )
 from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
@@ -520,6 +521,7 @@ class HeteroEngine:
         closure_loss: torch.Tensor,
         optimizer: torch.optim.Optimizer | None,
         *args: Any,
+        self.micro.plan_step(batch_idx)
         **kwargs: Any,
     ) -> torch.Tensor:
         """The mode's backward; after a micro-batched step's first backward, each of the
@@ -549,7 +551,8 @@ class HeteroEngine:
         (the others run after its backward, see ``MicroBatches``)."""
         sizes = self.micro.sizes()
         if sizes is None:
-            return self._training_step(*args, **kwargs)
+            with self.micro.whole():
+                return self._training_step(*args, **kwargs)
         return self.micro.first(sizes, args, kwargs)
 
     def _training_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -611,7 +614,7 @@ class HeteroEngine:
                 " synced on the step: log it with `on_step=False, on_epoch=True` or"
                 " `sync_dist=False`, or sync it at the epoch's end."
             )
-        with self.timer.waiting():
+        with self.timer.waiting(), own_collectives():
             weigh = is_mean(reduce_op) and tensor.is_floating_point() and self.comm.distributed
             if weigh and in_training_batch(self.lightning_module):
                 # in place, as DDPStrategy.reduce. b_k is the mode's `share`, set in this

@@ -183,10 +183,7 @@ PARTIAL = (
 ITERABLE = "refused: it is an IterableDataset, which hands each rank an equal share itself"
 #: a collective in training_step under unequal micro-batch counts (issue 40, item 2)
 ALL_REDUCE = (
-    "xfail: the user's all_reduce runs once per micro-batch, a different number of times on"
-    " each rank: refused in the first micro-batch that is not the rank's last, with an error"
-    " naming it, but a rank whose share is one micro-batch waits in the call until the"
-    " collective timeout"
+    "refused: `torch.distributed.all_reduce` was called inside a"  # on every rank: no hang
 )
 #: ranks that make different numbers of steps per epoch (local SGD, dual batch) cannot
 #: sync on a step, nor save on one
