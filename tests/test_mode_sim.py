@@ -2,7 +2,16 @@
 
 import pytest
 
-from lightning_hetero.bench.mode_sim import simulate, simulate_digits
+from lightning_hetero.bench.mode_sim import (
+    GRID_MODES,
+    _grid_rows,
+    _sync_times,
+    run_cell,
+    simulate,
+    simulate_digits,
+    target_misses,
+    tta_figures,
+)
 
 TINY = {"lr": 3e-3, "epochs": 1, "global_batch": 16, "train_size": 64, "val_size": 64}
 
@@ -48,3 +57,67 @@ def test_digits_local_step_rules_agree_on_one_rank_and_differ_on_two_of_differen
     equal = simulate_digits("local", [1.0, 3.0], 0, epochs=2)
     assert equal != simulate_digits("local-prop", [1.0, 3.0], 0, epochs=2)
     assert simulate_digits("local-outer", [1.0, 3.0], 0, epochs=2) != equal
+
+
+# ------------------------------------------------------------------ time to accuracy grid
+def test_time_to_accuracy_on_toy_curves() -> None:
+    # DDP's best is 0.95, so the target is 0.94: DDP gets there at its third validation (30)
+    runs = {
+        "ddp": ([0.5, 0.9, 0.95], [10.0, 20.0, 30.0]),
+        "fast": ([0.6, 0.945, 0.95], [5.0, 10.0, 15.0]),
+        "short": ([0.5, 0.93, 0.939], [5.0, 10.0, 15.0]),  # 0.1 point short of the target
+    }
+    figs = tta_figures(runs)
+    assert figs["ddp"]["tta_s"] == 30.0 and figs["ddp"]["speedup"] == 1.0
+    assert figs["fast"]["speedup"] == 3.0 and figs["fast"]["epochs_to_target"] == 2
+    assert figs["fast"]["acc_delta"] == 0.0
+    assert figs["short"]["speedup"] == 0.0  # never reached
+    assert figs["short"]["acc_delta"] == pytest.approx(-1.1)
+    rows = "\n".join(
+        _grid_rows("digits", 2, "slow", [figs | {m: figs["fast"] for m in GRID_MODES[1:]}])
+    )
+    assert "| digits | 2 | slow | `bsp` | 3.00x | +0.0 | none |" in rows
+    rows = "\n".join(
+        _grid_rows("digits", 2, "slow", [figs | {m: figs["short"] for m in GRID_MODES[1:]}])
+    )
+    assert "| `async` | never | -1.1 | time < 1.2x |" in rows
+
+
+def test_target_misses_follow_the_issue() -> None:
+    def figs(speedup: float, delta: float) -> dict[str, float]:
+        return {"speedup": speedup, "acc_delta": delta}
+
+    assert target_misses("digits", "bsp", True, figs(1.49, 0.0)) == ["time < 1.5x"]
+    assert target_misses("digits", "local", True, figs(1.2, -2.0)) == []
+    assert target_misses("digits", "dual", False, figs(0.99, -2.1)) == [
+        "time < 1x", "acc < DDP - 2",
+    ]  # fmt: skip
+    assert target_misses("transformer", "async", False, figs(1.0, -1.01)) == ["acc < DDP - 1"]
+    assert target_misses("transformer", "ddp", True, figs(0.0, -50.0)) == []
+
+
+def test_sync_times_wait_for_the_slowest_rank_and_bsp_balances_after_the_first_epoch() -> None:
+    # 10 samples in steps of 4, 4, 2; ranks at 1 and 3 per sample, 2 per step, 2 per all-reduce
+    ddp = _sync_times([1.0, 3.0], 2.0, 2.0, 10, 4, 2, balanced=False)
+    assert ddp == [27.0, 54.0]  # uniform [2, 2]: (6 + 4) + (6 + 4) + (3 + 4) per epoch
+    bsp = _sync_times([1.0, 3.0], 2.0, 2.0, 10, 4, 2, balanced=True)
+    assert bsp == [27.0, 46.5]  # then [3, 1]: (3 + 4) + (3 + 4) + (1.5 + 4)
+
+
+def test_a_tiny_grid_cell_runs_every_mode_in_virtual_time() -> None:
+    tiny = {"epochs": 1, "global_batch": 16, "train_size": 64, "val_size": 64}
+    runs = run_cell("transformer", [1.0, 3.0], 0, **tiny)
+    assert list(runs) == list(GRID_MODES)
+    assert all(len(curve) == len(times) == 1 for curve, times in runs.values())
+    assert runs["bsp"] == runs["ddp"]  # exact DDP, and its first epoch on the uniform plan
+    ddp_time = runs["ddp"][1][0]
+    # with the slow rank, local (even batches, more steps on the fast rank) and dual (a small
+    # batch on the slow rank) end the epoch before DDP's, by the cost model
+    assert runs["local"][1][0] < ddp_time and runs["dual"][1][0] < ddp_time
+    assert run_cell("transformer", [1.0, 3.0], 0, modes=["bsp"], ddp_curve=[0.5], **tiny)["bsp"][
+        0
+    ] == [0.5]
+    with pytest.raises(ValueError, match=r"unknown modes \['sync'\]"):
+        run_cell("transformer", [1.0], 0, modes=["sync"])
+    with pytest.raises(ValueError, match="`sync_cost` must be a finite number >= 0, got -1"):
+        run_cell("transformer", [1.0], 0, sync_cost=-1.0)

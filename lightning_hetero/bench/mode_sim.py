@@ -14,23 +14,43 @@ lightning_hetero.bench.modes`` (one process, one thread), for the rules' effect 
 one rank per cost, ranks of different speeds included:
 
     python -m lightning_hetero.bench.mode_sim --digits 1 3 --seeds 0 1 2 3 4 5 6 7 8 9
+
+``--grid`` runs issue 41's time-to-accuracy grid (``run_grid``): every mode with its defaults
+against DDP on both tasks, 2 and 4 ranks, equal speeds and one 3x slower rank, every seed,
+in virtual time (a step of ``b`` samples takes ``cost * b + step_cost``, each all-reduce,
+push or merge ``sync_cost`` more):
+
+    python -m lightning_hetero.bench.mode_sim --grid --workers 2 4 --seeds 0 1 2
 """
 
 import argparse
 import copy
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from lightning_hetero._optim import lr_rule, replica_factor, scaled_lr
 from lightning_hetero.bench.workload import ReverseTransformer, reverse_tensors
 from lightning_hetero.paramserver import ParameterServer
 from lightning_hetero.planning.dual import TimeModel, plan_dual_batch
 
-__all__ = ["DIGITS_RULES", "RULES", "simulate", "simulate_digits"]
+__all__ = [
+    "DIGITS_RULES",
+    "GRID_MODES",
+    "GRID_TASKS",
+    "RULES",
+    "run_cell",
+    "run_grid",
+    "simulate",
+    "simulate_digits",
+    "target_misses",
+    "tta_figures",
+]
 
 #: The compared update rules: ``ddp``; ``async`` with ``lr_scaling`` ``"auto"`` (the
 #: measured-noise rule for Adam), ``"sqrt"`` or ``"linear"`` (paper 002's rule); ``local``
@@ -244,84 +264,251 @@ def simulate_digits(
     ranks claim their next batch when their last step ends, until the mega-batch is used up,
     then the replicas merge with the real weights (``merge_weights`` or ``sample_weights``)
     and, for ``-outer``, the real outer step at ``outer_lr``."""
-    from lightning_hetero.bench.workload import DigitsCNN, load_digits_tensors
-    from lightning_hetero.planning.split import proportional_split
-
     if rule not in DIGITS_RULES:
         raise ValueError(f"unknown digits rule {rule!r}; expected one of {DIGITS_RULES}.")
+    _check_costs(costs)
+    task = _digits_task(seed, lr, epochs, global_batch)
+    if rule == "ddp":
+        return _train_ddp(task)
+    if rule.startswith("local"):
+        outer = outer_lr if rule.endswith("-outer") else None
+        return _train_local(task, costs, 0.0, 0.0, rule.startswith("local-prop"), outer)[0]
+    plans = _async_plans(costs, len(task.train), global_batch)
+    return _train_server(task, costs, 0.0, "auto" if rule == "async" else False, plans)[0]
+
+
+def _check_costs(costs: Sequence[float]) -> None:
     if not costs or not all(math.isfinite(c) and c > 0 for c in costs):
         raise ValueError(f"each rank's time per sample must be a positive number, got {costs}.")
+
+
+@dataclass
+class _Task:
+    """A seeded model and its data, the loss, the accuracy and the learning-rate schedule."""
+
+    model: nn.Module
+    train: TensorDataset
+    val: TensorDataset
+    lr: float
+    epochs: int
+    global_batch: int
+    warmup: float | None = None  # the transformer's warm-up and cosine; None: a constant lr
+
+    def loss(self, model: nn.Module, part: torch.Tensor) -> torch.Tensor:
+        x, y = self.train.tensors
+        out = model(x[part])
+        return nn.functional.cross_entropy(out.reshape(-1, 10), y[part].reshape(-1))
+
+    def accuracy(self, model: nn.Module) -> float:
+        if self.warmup is None:
+            return _macro_accuracy(model, *self.val.tensors)
+        return _accuracy(model, *self.val.tensors)  # type: ignore[arg-type]
+
+    def lr_at(self, epoch: int, within: float) -> float:
+        """The learning rate ``within`` (a fraction) the way through ``epoch``."""
+        if self.warmup is None:
+            return self.lr
+        return self.lr * _schedule((epoch + within) / self.epochs, self.warmup)
+
+
+def _digits_task(seed: int, lr: float, epochs: int, global_batch: int) -> _Task:
+    """The digits CNN with SGD and momentum 0.9 (``DigitsCNN``), seeded."""
+    from lightning_hetero.bench.workload import DigitsCNN, load_digits_tensors
+
     torch.manual_seed(seed)
     train, val = load_digits_tensors(seed)
-    x, y = train.tensors
-    model = DigitsCNN(lr=lr)
-    workers, size = len(costs), len(x)
+    return _Task(DigitsCNN(lr=lr), train, val, lr, epochs, global_batch)
+
+
+def _reverse_task(
+    seed: int,
+    lr: float = 5e-4,
+    epochs: int = 2,
+    global_batch: int = 128,
+    train_size: int = 8192,
+    val_size: int = 1024,
+) -> _Task:
+    """The digit-reversing transformer with Adam, warm-up and cosine, seeded."""
+    torch.manual_seed(seed)
+    train, val = reverse_tensors(seed, train_size, val_size)
+    model = ReverseTransformer(lr=lr, train_size=train_size)
+    return _Task(model, train, val, lr, epochs, global_batch, model.hparams.warmup)
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _train_ddp(task: _Task) -> list[float]:
+    """Validation accuracy after each epoch of DDP (one process, the whole global batch)."""
+    x = task.train.tensors[0]
+    model, size = task.model, len(x)
+    optimizer = model.configure_optimizers()  # type: ignore[operator]
     curve = []
-    if rule == "ddp":
-        optimizer = model.configure_optimizers()
-        for _ in range(epochs):
-            order = torch.randperm(size)
-            for start in range(0, size, global_batch):
-                batch = order[start : start + global_batch]
-                optimizer.zero_grad()
-                nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
-                optimizer.step()
-            curve.append(_macro_accuracy(model, *val.tensors))
-        return curve
-    if rule.startswith("local"):
-        return _digits_local(rule, costs, model, train, val, lr, epochs, global_batch, outer_lr)
-    lookahead = "auto" if rule == "async" else False
-    server = ParameterServer([model.configure_optimizers()], workers, "auto", lookahead)
-    replicas = [copy.deepcopy(model) for _ in range(workers)]
-    seen = [0] * workers
-    plan = [global_batch // workers] * workers
-    for epoch in range(epochs):
-        if epoch:  # the controller's plan: samples per second of each rank
-            plan = proportional_split([1 / c for c in costs], global_batch, [1] * workers)
+    for epoch in range(task.epochs):
         order = torch.randperm(size)
-        shares = [size * b // global_batch for b in plan]
+        for start in range(0, size, task.global_batch):
+            _set_lr(optimizer, task.lr_at(epoch, start / size))
+            optimizer.zero_grad()
+            task.loss(model, order[start : start + task.global_batch]).backward()
+            optimizer.step()
+        curve.append(task.accuracy(model))
+    return curve
+
+
+def _sync_times(
+    costs: Sequence[float],
+    step_cost: float,
+    sync_cost: float,
+    size: int,
+    global_batch: int,
+    epochs: int,
+    balanced: bool,
+) -> list[float]:
+    """Virtual time at the end of each epoch of synchronous data parallelism: a step waits
+    for its slowest rank, rank ``k`` taking ``costs[k] * b_k + step_cost`` for its ``b_k``
+    samples, then for its all-reduce, ``sync_cost``. ``balanced=False`` (DDP): even batches;
+    ``True`` (BSP): the first epoch on the uniform plan, the others on the speed-proportional
+    plan its controller converges to.
+    """
+    from lightning_hetero.planning.split import proportional_split
+
+    workers = len(costs)
+    uniform = [global_batch / workers] * workers
+    proportional = proportional_split([1 / c for c in costs], global_batch, [1] * workers)
+    now, times = 0.0, []
+    for epoch in range(epochs):
+        plan = proportional if balanced and epoch else uniform
+        for start in range(0, size, global_batch):
+            part = min(global_batch, size - start) / global_batch  # the last step may be short
+            now += max(c * b * part for c, b in zip(costs, plan)) + step_cost + sync_cost
+        times.append(now)
+    return times
+
+
+#: A plan for one epoch of the parameter server: each rank's batch size and samples, and the
+#: global batch its pushes are a share of (``None``: ``global_batch``, the epoch's last
+#: short step a share of a smaller one).
+_EpochPlan = tuple[list[int], list[int], int | None]
+
+
+def _async_plans(
+    costs: Sequence[float], size: int, global_batch: int
+) -> Callable[[int], _EpochPlan]:
+    """Async mode's plans: the first epoch uniform, the others in proportion to speed (what
+    the controller converges to), each rank on its share of the epoch's permutation."""
+    from lightning_hetero.planning.split import proportional_split
+
+    workers = len(costs)
+
+    def plan(epoch: int) -> _EpochPlan:
+        sizes = [global_batch // workers] * workers
+        if epoch:
+            sizes = proportional_split([1 / c for c in costs], global_batch, [1] * workers)
+        shares = [size * b // global_batch for b in sizes]
         shares[-1] = size - sum(shares[:-1])
+        return sizes, shares, None
+
+    return plan
+
+
+def _dual_plans(
+    costs: Sequence[float], fixed_cost: float, size: int, global_batch: int
+) -> Callable[[int], _EpochPlan]:
+    """Dual batch's plan from the first epoch (the strategy plans on probe timings before
+    it): ``plan_dual_batch_by_speed`` on the cost model's time of each rank (``fixed_cost``
+    per step), its defaults
+    (half of the ranks small, at least one; ``k = 1.05``; batch shares of ``n * B_L``)."""
+    from lightning_hetero.planning.dual import plan_dual_batch_by_speed
+
+    workers = len(costs)
+    large = global_batch // workers
+    models = [TimeModel(a=c, b=fixed_cost) for c in costs]
+    dual = plan_dual_batch_by_speed(models, size, max(workers // 2, 1), large, 1.05, "share")
+    return lambda epoch: (dual.batch_sizes, dual.samples, workers * large)
+
+
+def _train_server(
+    task: _Task,
+    costs: Sequence[float],
+    fixed_cost: float,
+    lookahead: bool | str,
+    plans: Callable[[int], _EpochPlan],
+) -> tuple[list[float], list[float]]:
+    """Async mode (and dual batch, with its plans) on the real ``ParameterServer`` with its
+    defaults: accuracy and virtual time at the end of each epoch.
+
+    Ranks push in the order their steps end (a step of ``b`` samples on rank ``k`` takes
+    ``costs[k] * b + fixed_cost``, its push included), each on its share of the epoch's
+    permutation, every gradient on the parameters its last push returned, so staleness
+    follows from the speeds.
+    An epoch ends when its last rank's last step does; every rank starts the next from the
+    server's parameters."""
+    x = task.train.tensors[0]
+    workers, size = len(costs), len(x)
+    server = ParameterServer([task.model.configure_optimizers()], workers, "auto", lookahead)  # type: ignore[operator]
+    replicas = [copy.deepcopy(task.model) for _ in range(workers)]
+    seen = [0] * workers
+    curve, times, clock = [], [], 0.0
+    for epoch in range(task.epochs):
+        sizes, shares, fixed_total = plans(epoch)
+        order = torch.randperm(size)
         starts = [sum(shares[:k]) for k in range(workers)]
         pulled = server.pull(0)  # every rank starts the epoch from the server
         for k, replica in enumerate(replicas):
             _load(replica, pulled.params)
             seen[k] = pulled.version
         done = [0] * workers
-        events = [(costs[k] * plan[k], k) for k in range(workers)]
+        events = [
+            (clock + costs[k] * min(sizes[k], shares[k]) + fixed_cost, k)
+            for k in range(workers)
+            if shares[k]
+        ]
         heapq.heapify(events)
+        end = clock
         while events:
             now, k = heapq.heappop(events)
-            part = order[starts[k] + done[k] : starts[k] + min(done[k] + plan[k], shares[k])]
+            end = max(end, now)
+            part = order[starts[k] + done[k] : starts[k] + min(done[k] + sizes[k], shares[k])]
             replica = replicas[k]
             replica.zero_grad()
-            nn.functional.cross_entropy(replica(x[part]), y[part]).backward()
+            task.loss(replica, part).backward()
             grads = [p.grad for p in replica.parameters()]
             # an epoch's last, smaller step: the rank's part of a smaller global batch
-            total = max(len(part), round(len(part) * global_batch / plan[k]))
+            total = fixed_total or max(len(part), round(len(part) * task.global_batch / sizes[k]))
+            lr = task.lr_at(epoch, done[k] / shares[k])
             result = server.push(k, 0, grads, len(part), total, [lr], seen[k])
             _load(replica, result.params)
             seen[k] = result.version
             done[k] += len(part)
             if done[k] < shares[k]:
-                heapq.heappush(events, (now + costs[k] * min(plan[k], shares[k] - done[k]), k))
+                step = costs[k] * min(sizes[k], shares[k] - done[k]) + fixed_cost
+                heapq.heappush(events, (now + step, k))
+        clock = end
         evaluated = replicas[0]  # rank 0's BatchNorm statistics, the server's parameters
         _load(evaluated, server.pull(0).params)
-        curve.append(_macro_accuracy(evaluated, *val.tensors))
-    return curve
+        curve.append(task.accuracy(evaluated))
+        times.append(clock)
+    return curve, times
 
 
-def _digits_local(
-    rule: str,
+def _train_local(
+    task: _Task,
     costs: Sequence[float],
-    model: nn.Module,
-    train: torch.utils.data.TensorDataset,
-    val: torch.utils.data.TensorDataset,
-    lr: float,
-    epochs: int,
-    global_batch: int,
-    outer_lr: float,
-) -> list[float]:
-    """``simulate_digits`` for the ``local`` rules (see there)."""
+    step_cost: float,
+    sync_cost: float,
+    proportional: bool,
+    outer_lr: float | None,
+) -> tuple[list[float], list[float]]:
+    """Local mode: accuracy and virtual time at the end of each epoch.
+
+    It runs local mode's shared pool of mega-batches (ten global batches): ranks claim their
+    next batch when their last step ends (``claim_order``; a step of ``b`` samples on rank
+    ``k`` takes ``costs[k] * b + step_cost``), until the mega-batch is used up, then the
+    replicas merge (an all-reduce, ``sync_cost``) with the real weights (``sample_weights`` for
+    ``proportional``, the default ``local_steps``; else ``merge_weights``, paper 004's equal
+    updates on the speed-proportional plan) and, with ``outer_lr``, the real outer step."""
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     from lightning_hetero.planning.merge import (
@@ -332,9 +519,8 @@ def _digits_local(
     )
     from lightning_hetero.planning.split import proportional_split
 
-    x, y = train.tensors
-    workers, size = len(costs), len(x)
-    proportional = rule.startswith("local-prop")
+    model, global_batch = task.model, task.global_batch
+    workers, size = len(costs), len(task.train)
     replicas = [copy.deepcopy(model) for _ in range(workers)]
     optimizers = [r.configure_optimizers() for r in replicas]  # type: ignore[operator]
     params = [[p for p in r.parameters()] for r in replicas]
@@ -343,25 +529,30 @@ def _digits_local(
     velocity: torch.Tensor | None = None
     plan = [global_batch // workers] * workers
     megabatch = 10 * global_batch  # local mode's default
-    curve = []
-    for epoch in range(epochs):
+    curve, times, clock = [], [], 0.0
+    for epoch in range(task.epochs):
         if epoch and not proportional:  # what the updates controller converges to
             plan = proportional_split([1 / c for c in costs], global_batch, [1] * workers)
         order = torch.randperm(size)
+        per_sample = [c + step_cost / b for c, b in zip(costs, plan)]  # a full step's share
         for start in range(0, size, megabatch):
             pool = order[start : start + megabatch]
             claimed, updates, samples = 0, [0] * workers, [0] * workers
-            for k, taken in claim_order(costs, plan, len(pool)):  # the merge lines ranks up
+            busy = [0.0] * workers
+            for k, taken in claim_order(per_sample, plan, len(pool)):  # the merge lines up
                 part = pool[claimed : claimed + taken]
-                claimed += taken
                 optimizer = optimizers[k]
+                _set_lr(optimizer, task.lr_at(epoch, (start + claimed) / size))
+                claimed += taken
                 factor = replica_factor(lr_rule("auto", optimizer), len(part), sum(plan), workers)
                 optimizer.zero_grad()
-                nn.functional.cross_entropy(replicas[k](x[part]), y[part]).backward()
+                task.loss(replicas[k], part).backward()
                 with scaled_lr(optimizer, factor):
                     optimizer.step()
                 updates[k] += 1
                 samples[k] += len(part)
+                busy[k] += costs[k] * len(part) + step_cost
+            clock += max(busy) + sync_cost
             with torch.no_grad():
                 flats = [parameters_to_vector(p) for p in params]
                 if proportional:
@@ -371,7 +562,7 @@ def _digits_local(
                     weights = merge_weights(plan, updates, norms).weights
                 merged = sum(w * f for w, f in zip(weights, flats))
                 assert isinstance(merged, torch.Tensor)
-                if rule.endswith("-outer"):
+                if outer_lr is not None:
                     merged, velocity = outer_step(anchor, merged, velocity, outer_lr)
                 anchor = merged.clone()
                 total = sum(weights)
@@ -382,8 +573,187 @@ def _digits_local(
                     vector_to_parameters(merged.clone(), params[k])
                     for b, value in zip(buffers[k], averaged):
                         b.copy_(value)
-        curve.append(_macro_accuracy(replicas[0], *val.tensors))
-    return curve
+        curve.append(task.accuracy(replicas[0]))
+        times.append(clock)
+    return curve, times
+
+
+# ------------------------------------------------------------------ time to accuracy grid
+#: The grid's modes with their defaults; ``ddp`` is the baseline.
+GRID_MODES = ("ddp", "bsp", "async", "local", "dual")
+#: The grid's tasks: the transformer with Adam (2 epochs, global batch 128) and the digits
+#: CNN with SGD and momentum 0.9 (8 epochs, global batch 64), as issue 41 measured them.
+GRID_TASKS = {
+    "transformer": {"lr": 5e-4, "epochs": 2, "global_batch": 128},
+    "digits": {"lr": 0.05, "epochs": 8, "global_batch": 64},
+}
+#: Issue 41's targets with one 3x slower rank: the least DDP time / mode time, every seed
+#: (with equal speeds: 1, none slower than DDP).
+SLOW_TARGETS = {"bsp": 1.5, "async": 1.2, "local": 1.2, "dual": 1.2}
+#: Issue 41's targets at equal epochs: final accuracy at most this many points below DDP's.
+EPOCH_POINTS = {"transformer": 1.0, "digits": 2.0}
+
+#: Accuracy and virtual time at the end of each epoch.
+Run = tuple[list[float], list[float]]
+
+
+def _make_task(name: str, seed: int, **overrides: float) -> _Task:
+    options = {**GRID_TASKS[name], **overrides}
+    if name == "digits":
+        return _digits_task(seed, **options)  # type: ignore[arg-type]
+    return _reverse_task(seed, **options)  # type: ignore[arg-type]
+
+
+def run_cell(
+    task: str,
+    costs: Sequence[float],
+    seed: int,
+    step_cost: float = 2.0,
+    sync_cost: float = 2.0,
+    modes: Sequence[str] = GRID_MODES,
+    ddp_curve: list[float] | None = None,
+    progress: Callable[[], None] | None = None,
+    **overrides: float,
+) -> dict[str, Run]:
+    """Train ``task`` (a key of ``GRID_TASKS``; ``overrides`` change its options) with every
+    mode of ``modes`` on ranks whose time per sample is ``costs``; returns each mode's
+    accuracy and virtual time at the end of each epoch.
+
+    The cost model: a step of ``b`` samples on rank ``k`` takes ``costs[k] * b + step_cost``,
+    and each communication ``sync_cost``: DDP's and BSP's all-reduce after every step (which
+    waits for the slowest rank), every push of ``async`` and ``dual``, every merge of
+    ``local`` (whose local steps communicate nothing). ``ddp``: even batches; ``bsp``: exact
+    DDP (its accuracy), the first epoch on the uniform plan and the others in proportion to
+    speed; ``async``, ``local`` and ``dual`` as ``_train_server`` and ``_train_local`` say,
+    with their defaults. ``ddp_curve``: DDP's accuracy, if already known (it depends on
+    neither the ranks nor their speeds)."""
+    _check_costs(costs)
+    for name, value in (("step_cost", step_cost), ("sync_cost", sync_cost)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"`{name}` must be a finite number >= 0, got {value}.")
+    unknown = set(modes) - set(GRID_MODES)
+    if unknown:
+        raise ValueError(f"unknown modes {sorted(unknown)}; expected some of {GRID_MODES}.")
+    tick = progress or (lambda: None)
+    fixed = step_cost + sync_cost  # a push: a step and its round trip
+    runs: dict[str, Run] = {}
+    for mode in modes:
+        spec = _make_task(task, seed, **overrides)
+        size, batch, epochs = len(spec.train), spec.global_batch, spec.epochs
+        if mode in ("ddp", "bsp"):
+            if ddp_curve is None:
+                ddp_curve = _train_ddp(spec)
+            times = _sync_times(costs, step_cost, sync_cost, size, batch, epochs, mode == "bsp")
+            runs[mode] = (list(ddp_curve), times)
+        elif mode == "async":
+            runs[mode] = _train_server(spec, costs, fixed, "auto", _async_plans(costs, size, batch))
+        elif mode == "local":
+            runs[mode] = _train_local(spec, costs, step_cost, sync_cost, True, None)
+        else:
+            plans = _dual_plans(costs, fixed, size, batch)
+            runs[mode] = _train_server(spec, costs, fixed, "auto", plans)
+        tick()
+    return runs
+
+
+def tta_figures(runs: dict[str, Run], baseline: str = "ddp") -> dict[str, dict[str, float]]:
+    """Each run's ``speedup`` (``baseline``'s virtual time to its best accuracy less 1 point
+    over this run's; 0: never reached), ``tta_s``, ``epochs_to_target``, ``final_acc`` and
+    ``acc_delta`` (final accuracy less ``baseline``'s, in points), as
+    ``lightning_hetero.bench.modes.figures`` computes them for real runs."""
+    from lightning_hetero.bench.modes import figures
+
+    summaries = {
+        name: {"accuracy_curve": [(t, a, math.nan) for a, t in zip(*run)], "train_s": run[1][-1]}
+        for name, run in runs.items()
+    }
+    base = runs[baseline][0]
+    out = figures(summaries, max(base) - 0.01, baseline)
+    for name, (curve, _) in runs.items():
+        out[name]["acc_delta"] = 100 * (curve[-1] - base[-1])
+    return out
+
+
+def target_misses(task: str, mode: str, slow: bool, figures: dict[str, float]) -> list[str]:
+    """Which of issue 41's targets one seed's ``figures`` (of ``tta_figures``) miss: the
+    time to accuracy (``SLOW_TARGETS`` with a slow rank, else 1) and the final accuracy
+    (``EPOCH_POINTS`` below DDP's at most)."""
+    if mode == "ddp":
+        return []
+    misses = []
+    least = SLOW_TARGETS[mode] if slow else 1.0
+    if figures["speedup"] < least - 1e-9:
+        misses.append(f"time < {least:g}x")
+    if figures["acc_delta"] < -EPOCH_POINTS[task]:
+        misses.append(f"acc < DDP - {EPOCH_POINTS[task]:g}")
+    return misses
+
+
+def run_grid(
+    tasks: Sequence[str] = tuple(GRID_TASKS),
+    workers: Sequence[int] = (2, 4),
+    seeds: Sequence[int] = (0, 1, 2),
+    step_cost: float = 2.0,
+    sync_cost: float = 2.0,
+    slow_cost: float = 3.0,
+    progress: bool = True,
+    **overrides: float,
+) -> str:
+    """The time-to-accuracy grid as a Markdown table: every mode against DDP on ``tasks``,
+    ``workers`` ranks, equal speeds (time 1 per sample) and the last rank ``slow_cost``
+    times slower, every seed; ``overrides`` change every task's options."""
+    from tqdm import tqdm
+
+    settings = [("equal", 1.0), ("slow", slow_cost)]
+    total = len(tasks) * len(workers) * len(settings) * len(seeds) * len(GRID_MODES)
+    lines = [
+        f"Virtual time: a step of b samples takes c * b + {step_cost:g} (c = 1, the slow"
+        f" rank's {slow_cost:g}), each all-reduce, push or merge {sync_cost:g} more; the"
+        " target is DDP's best accuracy less 1 point.",
+        "",
+        "| task | K | speeds | mode | DDP time / mode time, seeds "
+        + " / ".join(map(str, seeds))
+        + " | final acc - DDP's (points) | targets missed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ddp_curves: dict[tuple[str, int], list[float]] = {}
+    with tqdm(total=total, desc="grid", unit="run", disable=not progress) as bar:
+        for task in tasks:
+            for k in workers:
+                for speeds, cost in settings:
+                    costs = [1.0] * (k - 1) + [cost]
+                    per_seed = []
+                    for seed in seeds:
+                        runs = run_cell(
+                            task, costs, seed, step_cost, sync_cost,
+                            ddp_curve=ddp_curves.get((task, seed)),
+                            progress=lambda: bar.update(), **overrides,
+                        )  # fmt: skip
+                        ddp_curves[task, seed] = runs["ddp"][0]
+                        per_seed.append(tta_figures(runs))
+                    lines += _grid_rows(task, k, speeds, per_seed)
+    return "\n".join(lines) + "\n"
+
+
+def _grid_rows(
+    task: str, workers: int, speeds: str, per_seed: list[dict[str, dict[str, float]]]
+) -> list[str]:
+    rows = []
+    for mode in GRID_MODES:
+        figs = [f[mode] for f in per_seed]
+        if mode == "ddp":
+            reach = " / ".join(f"{f['tta_s']:.0f} (ep {f['epochs_to_target']:.0f})" for f in figs)
+            accs = " / ".join(f"{100 * f['final_acc']:.1f}%" for f in figs)
+            rows.append(f"| {task} | {workers} | {speeds} | `ddp` | time {reach} | {accs} | |")
+            continue
+        ratios = " / ".join("never" if f["speedup"] == 0 else f"{f['speedup']:.2f}x" for f in figs)
+        deltas = " / ".join(f"{f['acc_delta']:+.1f}" for f in figs)
+        misses = sorted({m for f in figs for m in target_misses(task, mode, speeds == "slow", f)})
+        rows.append(
+            f"| {task} | {workers} | {speeds} | `{mode}` | {ratios} | {deltas} |"
+            f" {', '.join(misses) or 'none'} |"
+        )
+    return rows
 
 
 def _macro_accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -415,8 +785,40 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--outer-lr", type=float, default=0.7, help="the digits local rules' -outer lr"
     )
+    parser.add_argument(
+        "--grid",
+        action="store_true",
+        help="the time-to-accuracy grid instead: every mode (ddp, bsp, async, local, dual) with"
+        " its defaults on --tasks, --workers ranks, equal speeds and the last rank"
+        " --slow-cost times slower, --seeds, in virtual time (a Markdown table)",
+    )
+    parser.add_argument("--tasks", nargs="+", choices=list(GRID_TASKS), default=list(GRID_TASKS))
+    parser.add_argument(
+        "--step-cost", type=float, default=2.0, help="the grid's fixed time per step (default 2)"
+    )
+    parser.add_argument(
+        "--sync-cost",
+        type=float,
+        default=2.0,
+        help="the grid's time per all-reduce, push or merge (default 2)",
+    )
+    parser.add_argument(
+        "--slow-cost", type=float, default=3.0, help="the grid's slow rank's time per sample"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.grid:
+        print(
+            run_grid(
+                args.tasks,
+                args.workers,
+                args.seeds,
+                args.step_cost,
+                args.sync_cost,
+                args.slow_cost,
+            )  # fmt: skip
+        )
+        return
     if args.digits:
         rules = args.rules or list(DIGITS_RULES)
         if set(rules) - set(DIGITS_RULES):
