@@ -18,7 +18,7 @@ from lightning_hetero._fsdp_accumulate import UnshardedAccumulation
 from lightning_hetero._lightning import model_parallel_setup
 from lightning_hetero._namespaces import SameCopy
 from lightning_hetero._options import keywords, refuse_unknown
-from lightning_hetero.engine import HeteroEngine, HeteroOptions, hetero_parts
+from lightning_hetero.engine import MODE_OPTIONS, HeteroEngine, HeteroOptions, hetero_parts
 from lightning_hetero.microbatch import MicroBatches
 from lightning_hetero.modes import ModeOptions, ShardedMode
 from lightning_hetero.planning import Controller
@@ -28,9 +28,7 @@ __all__ = ["HeteroFSDPStrategy"]
 #: The modes sharded training runs: synchronous only.
 FSDP_MODES = {ShardedMode.name: ShardedMode}
 #: HeteroStrategy's options that only DDP modes have.
-_DDP_ONLY = ("weighted", "lr_scaling", "lookahead", "rpc_timeout", "megabatch_size", "delta")
-_DDP_ONLY += ("perturb_threshold", "gamma", "local_steps", "outer_lr")
-_DDP_ONLY += ("ddp_comm_hook", "find_unused_parameters")
+_DDP_ONLY = (*MODE_OPTIONS, "ddp_comm_hook", "find_unused_parameters")
 
 
 class _ShardedMicroBatches(MicroBatches):
@@ -153,7 +151,7 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
         if shard_modules is not None and not all(isinstance(n, str) for n in shard_modules):
             raise TypeError(f"`shard_modules` must be a list of class names, got {shard_modules}.")
         shared = HeteroOptions.pick(locals())
-        options = ModeOptions(adjust_every=adjust_every, global_batch_size=global_batch_size)
+        options = ModeOptions.pick(locals())
         training_mode, plan_state = hetero_parts(mode, options, shared, modes=FSDP_MODES)
         super().__init__(
             data_parallel_size=data_parallel_size,

@@ -23,7 +23,7 @@ from typing_extensions import override
 from lightning_hetero._docstrings import plain_docstring
 from lightning_hetero._namespaces import SameCopy
 from lightning_hetero._options import ddp_keywords, keywords, refuse_unknown
-from lightning_hetero.engine import HeteroEngine, HeteroOptions, hetero_parts
+from lightning_hetero.engine import MODE_OPTIONS, HeteroEngine, HeteroOptions, hetero_parts
 from lightning_hetero.modes import ModeOptions
 from lightning_hetero.planning import Controller
 
@@ -227,20 +227,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
                 " on CUDA only). For local SGD use HeteroStrategy(mode='local')."
             )
         shared = HeteroOptions.pick(locals())
-        options = ModeOptions(
-            adjust_every=adjust_every,
-            weighted=weighted,
-            lr_scaling=lr_scaling,
-            lookahead=lookahead,
-            rpc_timeout=rpc_timeout,
-            megabatch_size=megabatch_size,
-            delta=delta,
-            perturb_threshold=perturb_threshold,
-            gamma=gamma,
-            global_batch_size=global_batch_size,
-            local_steps=local_steps,
-            outer_lr=outer_lr,
-        )
+        options = ModeOptions.pick(locals())
         training_mode, plan_state = hetero_parts(mode, options, shared)
         super().__init__(
             accelerator=accelerator,
@@ -255,11 +242,8 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         )
         # options, as given (scikit-learn style); what a run learns lives in the objects
         self.mode = mode
-        self.weighted, self.lr_scaling, self.rpc_timeout = weighted, lr_scaling, rpc_timeout
-        self.lookahead = lookahead
-        self.megabatch_size, self.delta, self.gamma = megabatch_size, delta, gamma
-        self.perturb_threshold = perturb_threshold
-        self.local_steps, self.outer_lr = local_steps, outer_lr
+        for name in MODE_OPTIONS:
+            setattr(self, name, getattr(options, name))
         self._start_hetero(training_mode, plan_state, shared)
 
     @override

@@ -24,7 +24,7 @@ def test_it_is_registered_as_hetero_fsdp_and_runs_the_sharded_mode():
         ({"gamma": 0.5, "delta": 0}, TypeError, r"\['delta', 'gamma'\]"),
         ({"lookahead": False}, TypeError, r"\['lookahead'\].*HeteroStrategy's DDP modes"),
         ({"shard_modules": [torch.nn.Linear]}, TypeError, "class names"),
-        ({"controller": "dual"}, ValueError, "Dual batch size learning"),
+        ({"controller": "dual"}, ValueError, "DualBatchController runs under mode='async' only"),
         ({"adjust_every": 0}, ValueError, "adjust_every"),
         ({"memory_safety": 0}, ValueError, "memory_safety"),
         ({"shard_module": ["Block"]}, TypeError, "'shard_module'. Did you mean 'shard_modules'"),

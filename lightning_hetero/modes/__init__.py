@@ -6,7 +6,16 @@ hook to it (see ``Mode``). A new mode is a new module with a
 """
 
 from lightning_hetero.modes.asynchronous import ParameterServerMode
-from lightning_hetero.modes.base import Mode, ModeOptions, Replan, TimeProbe
+from lightning_hetero.modes.base import (
+    OPTION_GROUPS,
+    MergeOptions,
+    Mode,
+    ModeOptions,
+    OptionGroup,
+    Replan,
+    ServerOptions,
+    TimeProbe,
+)
 from lightning_hetero.modes.bsp import SynchronousMode
 from lightning_hetero.modes.dual import DualBatchMode
 from lightning_hetero.modes.local import LocalSGDMode
@@ -17,13 +26,17 @@ from lightning_hetero.planning.dual import DualBatchController
 
 __all__ = [
     "MODES",
+    "OPTION_GROUPS",
     "VARIANTS",
     "DualBatchMode",
     "LocalSGDMode",
+    "MergeOptions",
     "Mode",
     "ModeOptions",
+    "OptionGroup",
     "ParameterServerMode",
     "Replan",
+    "ServerOptions",
     "ShardedMode",
     "SynchronousMode",
     "TimeProbe",
@@ -77,5 +90,11 @@ def build_mode(
     cls.check_options(options, controller)
     for (mode, kind), variant in variants.items():
         if mode == name and isinstance(controller, kind):
-            cls = variant
+            return variant(controller, options)
+    for (mode, kind), variant in VARIANTS.items():  # a variant's controller under another mode
+        if isinstance(controller, kind):
+            raise ValueError(
+                f"{type(controller).__name__} runs under mode={mode!r} only: use mode={mode!r}"
+                f" with {variant.option_text()}, got {cls.option_text()}."
+            )
     return cls(controller, options)

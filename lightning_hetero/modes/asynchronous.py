@@ -15,7 +15,7 @@ from lightning_hetero._optim import (
 )
 from lightning_hetero.collectives import add_note
 from lightning_hetero.localsgd import weighted_average_
-from lightning_hetero.modes.base import Mode, ModeOptions
+from lightning_hetero.modes.base import Mode, ModeOptions, OptionGroup, ServerOptions
 from lightning_hetero.paramserver import ParameterServer, ServerClient
 from lightning_hetero.planning import Controller
 from lightning_hetero.planning.dual import DualBatchController
@@ -35,13 +35,11 @@ class ParameterServerMode(Mode):
     """
 
     name: ClassVar[str] = "async"
-    runs_dual: ClassVar[bool] = True
+    option_groups: ClassVar[tuple[type[OptionGroup], ...]] = (ServerOptions,)
 
     def __init__(self, controller: Controller, options: ModeOptions) -> None:
         super().__init__(controller, options)
         self.client: ServerClient | None = None
-        #: The parameter server (rank 0, while training).
-        self.server: ParameterServer | None = None
         self.pushes = 0
         self._seen_version = 0
         self._failed = False

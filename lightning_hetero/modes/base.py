@@ -11,7 +11,7 @@ neither the strategy nor the re-planner.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -19,13 +19,24 @@ from torch.utils.data import DataLoader, Sampler
 
 from lightning_hetero._optim import check_lr_scaling
 from lightning_hetero.context import RunContext
+from lightning_hetero.localsgd import ReplicaMerger
+from lightning_hetero.paramserver import ParameterServer
 from lightning_hetero.planning import Controller, check_merge_options
-from lightning_hetero.planning.dual import DualBatchController
+from lightning_hetero.planning.dual import DualBatchPlan
 from lightning_hetero.planning.merge import check_local_options
 from lightning_hetero.planning.split import plan_checksum
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
-__all__ = ["Mode", "ModeOptions", "Replan", "TimeProbe"]
+__all__ = [
+    "OPTION_GROUPS",
+    "MergeOptions",
+    "Mode",
+    "ModeOptions",
+    "OptionGroup",
+    "Replan",
+    "ServerOptions",
+    "TimeProbe",
+]
 
 #: Run one boundary now: ``replan(updates)``, with each rank's update count where ranks make
 #: different numbers of updates (``None`` in lock-step modes). Call on every rank together.
@@ -34,36 +45,98 @@ Replan = Callable[[list[int] | None], None]
 TimeProbe = Callable[[int], Any]
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModeOptions:
-    """The strategy's options that modes read (see ``HeteroStrategy`` for each), by keyword
-    only: several neighbours share a type, and swapped positions would still type-check."""
+class OptionGroup:
+    """The options of one part of a mode (a dataclass of fields with their defaults), checked
+    together by ``check`` next to their definition."""
 
-    adjust_every: Literal["epoch"] | int = "epoch"
-    weighted: bool = True
-    lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto"
+    #: The part these options configure and the ``mode=`` that has it (for messages).
+    part: ClassVar[str] = ""
+    used_by: ClassVar[str] = ""
+
+    def check(self) -> None:
+        """Refuse values out of range (whichever mode runs)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerOptions(OptionGroup):
+    """Options of the parameter server (``mode="async"``, dual batch included)."""
+
+    part: ClassVar[str] = "parameter server"
+    used_by: ClassVar[str] = "mode='async'"
+
     lookahead: bool | Literal["auto"] = "auto"
     rpc_timeout: float = 300.0
-    megabatch_size: int | None = None
-    delta: float = 0.1
-    perturb_threshold: float = 0.1
-    gamma: float = 0.0
-    global_batch_size: int | None = None
-    local_steps: Literal["equal", "proportional"] = "proportional"
-    outer_lr: float | None = None
 
-    def __post_init__(self) -> None:
-        # a bad value is refused whichever mode runs (each mode refuses what it cannot honour)
-        check_merge_options(
-            self.delta, self.gamma, self.perturb_threshold, self.megabatch_size,
-            self.global_batch_size,
-        )  # fmt: skip
-        check_lr_scaling(self.lr_scaling)
-        check_local_options(self.local_steps, self.outer_lr, self.gamma)
+    def check(self) -> None:
         if self.lookahead not in (True, False, "auto"):
             raise ValueError(f"`lookahead` must be 'auto', True or False, got {self.lookahead!r}.")
         if not self.rpc_timeout > 0:
             raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {self.rpc_timeout}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeOptions(OptionGroup):
+    """Options of local SGD's replica merger (``mode="local"``)."""
+
+    part: ClassVar[str] = "replica merger"
+    used_by: ClassVar[str] = "mode='local'"
+
+    megabatch_size: int | None = None
+    delta: float = 0.1
+    perturb_threshold: float = 0.1
+    gamma: float = 0.0
+    local_steps: Literal["equal", "proportional"] = "proportional"
+    outer_lr: float | None = None
+
+    def check(self) -> None:
+        check_merge_options(
+            self.delta, self.gamma, self.perturb_threshold, self.megabatch_size, None
+        )
+        check_local_options(self.local_steps, self.outer_lr, self.gamma)
+
+
+#: The option groups: each a part's options, with their checks; a mode lists those it reads
+#: (``Mode.option_groups``), and any other group's option set away from its default is
+#: refused when the mode is built.
+OPTION_GROUPS: tuple[type[OptionGroup], ...] = (ServerOptions, MergeOptions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModeOptions(ServerOptions, MergeOptions):
+    """The strategy's options that modes read (see ``HeteroStrategy`` for each), by keyword
+    only: several neighbours share a type, and swapped positions would still type-check.
+
+    The common options are fields here; a part's options are fields of its group
+    (``ServerOptions``, ``MergeOptions``), checked by the group's ``check``. A new option is
+    one field of its group, its check there, and its use in the mode (the strategies pick
+    the fields out of their keyword arguments, ``pick``)."""
+
+    adjust_every: Literal["epoch"] | int = "epoch"
+    weighted: bool = True
+    lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto"
+    global_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        # a bad value is refused whichever mode runs (each mode refuses what it cannot honour)
+        for group in OPTION_GROUPS:
+            group.check(self)
+        check_lr_scaling(self.lr_scaling)
+        if self.megabatch_size is not None and self.global_batch_size is not None:
+            check_merge_options(
+                self.delta, self.gamma, self.perturb_threshold, self.megabatch_size,
+                self.global_batch_size,
+            )  # fmt: skip
+
+    @classmethod
+    def pick(cls, arguments: dict[str, Any]) -> "ModeOptions":
+        """These options out of a strategy constructor's ``locals()`` (options it does not
+        take keep their defaults)."""
+        return cls(**{f.name: arguments[f.name] for f in fields(cls) if f.name in arguments})
+
+    @classmethod
+    def part_options(cls) -> list[str]:
+        """The names of the parts' options (every group's fields)."""
+        return [f.name for group in OPTION_GROUPS for f in fields(group)]
 
 
 class Mode:
@@ -89,8 +162,8 @@ class Mode:
     wraps_model: ClassVar[bool] = False
     #: Boundaries may fall inside an epoch (``adjust_every`` as a number of batches).
     replans_within_epoch: ClassVar[bool] = False
-    #: Runs the dual batch size controller.
-    runs_dual: ClassVar[bool] = False
+    #: The option groups (parts' options) this mode reads; see ``OPTION_GROUPS``.
+    option_groups: ClassVar[tuple[type[OptionGroup], ...]] = ()
     #: A training step communicates across ranks even outside the loop (a sharded model's
     #: all-gathers), so probes must run the same steps on every rank.
     probe_steps_communicate: ClassVar[bool] = False
@@ -114,6 +187,15 @@ class Mode:
         #: (while micro-batches run, the samples of the one running now).
         self.share: tuple[int, int] = (1, 1)
         self._keyed: tuple[list[int] | None, int] = (None, 0)  # a plan and its checksum
+        # the parts a mode may hold, typed here (``None`` or empty where it has none), so that
+        # the strategy reads them as attributes whatever the mode
+        #: The parameter server (async modes: rank 0, while training).
+        self.server: ParameterServer | None = None
+        #: Local SGD's replica merger (while training) and one record per merge.
+        self.merger: ReplicaMerger | None = None
+        self.merges: list[dict[str, Any]] = []
+        #: Dual batch size learning: the plan being run.
+        self.dual_plan: DualBatchPlan | None = None
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -130,17 +212,18 @@ class Mode:
                 f"mode={cls.name!r} re-plans at epoch boundaries{cls.other_boundaries()};"
                 f" `adjust_every` must be 'epoch', got {options.adjust_every!r}."
             )
-        if options.lookahead != "auto" and cls.name != "async":
-            raise ValueError(
-                f"`lookahead` moves the parameters an async push returns; mode={cls.name!r}"
-                f" has no parameter server. Leave lookahead='auto' (got {options.lookahead!r}),"
-                " or use mode='async'."
-            )
-        if isinstance(controller, DualBatchController) and not cls.runs_dual:
-            raise ValueError(
-                "Dual batch size learning runs on the parameter server: use"
-                f" mode='async' with controller='dual', got mode={cls.name!r}."
-            )
+        for group in OPTION_GROUPS:
+            if group in cls.option_groups:
+                continue
+            for option in fields(group):
+                value = getattr(options, option.name)
+                if value != option.default:
+                    raise ValueError(
+                        f"`{option.name}` is an option of the {group.part} ({group.used_by});"
+                        f" {cls.option_text()} has no {group.part}. Leave"
+                        f" {option.name}={option.default!r} (got {value!r}), or use"
+                        f" {group.used_by}."
+                    )
 
     @classmethod
     def controller_name(cls, options: ModeOptions) -> str:
@@ -152,9 +235,10 @@ class Mode:
         """Where this mode re-plans besides epoch ends, for error messages."""
         return ""
 
-    def option_text(self) -> str:
+    @classmethod
+    def option_text(cls) -> str:
         """The option that selected this mode, for error messages."""
-        return f"mode={self.name!r}"
+        return f"mode={cls.name!r}"
 
     def bind(self, context: RunContext, replan: Replan) -> None:
         """Work in ``context`` and re-plan through ``replan`` (at each run's set-up, before
@@ -268,8 +352,8 @@ class Mode:
         return loss if factor == 1.0 else loss * factor
 
     def post_backward(self) -> None:
-        """A backward pass ended."""
-        self.ctx.timer.backward_done()
+        """A backward pass ended (of ``share``'s samples: a micro-batch's, while they run)."""
+        self.ctx.timer.backward_done(self.share[0])
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
         """Step ``optimizer`` (``run`` is Lightning's step); the step's work is compute."""

@@ -46,15 +46,14 @@ class DualBatchMode(ParameterServerMode):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reference: DualBatchPlan | None = None  # the dual plan at input scale 1
-        #: The dual batch size plan being run.
-        self.dual_plan: DualBatchPlan | None = None
 
     @property
     def dual(self) -> DualBatchController:
         assert isinstance(self.controller, DualBatchController)
         return self.controller
 
-    def option_text(self) -> str:
+    @classmethod
+    def option_text(cls) -> str:
         return "controller='dual'"
 
     def _shares(self) -> bool:

@@ -9,7 +9,7 @@ import torch
 from lightning_hetero._optim import check_lr_scaling, lr_rule, replica_factor, scaled_lr
 from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
 from lightning_hetero.localsgd import ReplicaMerger
-from lightning_hetero.modes.base import Mode, ModeOptions
+from lightning_hetero.modes.base import MergeOptions, Mode, ModeOptions, OptionGroup
 from lightning_hetero.planning import Controller, check_merge_options, merge_weights
 from lightning_hetero.planning.merge import sample_weights
 from lightning_hetero.sampler import EpochPermutation
@@ -34,17 +34,15 @@ class LocalSGDMode(Mode):
     name: ClassVar[str] = "local"
     default_controller: ClassVar[str] = "updates"
     even_steps: ClassVar[bool] = False
+    option_groups: ClassVar[tuple[type[OptionGroup], ...]] = (MergeOptions,)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._cursor: SharedCursor | None = None
         self._run_id = ""
-        self._merger: ReplicaMerger | None = None
         self._next_merge = 0  # the next mega-batch of the epoch to merge
         self._updates = 0  # this rank's updates in the current mega-batch
         self._samples = 0  # and the samples they trained
-        #: One record per model merge (weights, update counts, perturbation).
-        self.merges: list[dict[str, Any]] = []
 
     @classmethod
     def check_options(cls, options: ModeOptions, controller: Controller) -> None:
@@ -105,7 +103,7 @@ class LocalSGDMode(Mode):
         module = ctx.module
         for tensor in [*module.parameters(), *module.buffers()]:
             ctx.comm.broadcast_tensor(tensor.data)
-        self._merger = ReplicaMerger(module, ctx.rank, self.options.gamma, self.options.outer_lr)
+        self.merger = ReplicaMerger(module, ctx.rank, self.options.gamma, self.options.outer_lr)
 
     def step_samples(self, batch_idx: int) -> int | None:
         # the next batch's tag, left in place: `step_layout` consumes it at the step's start
@@ -139,9 +137,9 @@ class LocalSGDMode(Mode):
     # ---------------------------------------------------------------- merges
     def _merge_megabatch(self) -> None:
         """Merge the replicas after mega-batch ``_next_merge`` and re-plan (every rank)."""
-        assert self._merger is not None and self.replan is not None
+        assert self.merger is not None and self.replan is not None
         ctx = self.ctx
-        own = [self._updates, self._merger.norm_per_parameter(), self._samples]
+        own = [self._updates, self.merger.norm_per_parameter(), self._samples]
         rows = ctx.comm.gather_rows(own)
         updates = [int(row[0]) for row in rows]
         plan = ctx.plan_state.batch_sizes
@@ -155,7 +153,7 @@ class LocalSGDMode(Mode):
                 delta=self.options.delta,
                 threshold=self.options.perturb_threshold,
             )
-        self._merger.merge(weights.weights)
+        self.merger.merge(weights.weights)
         self.merges.append(
             {
                 "epoch": ctx.epoch,

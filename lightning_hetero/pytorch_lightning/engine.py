@@ -56,7 +56,7 @@ from lightning_hetero.replan import Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
 from lightning_hetero.streaming import set_rank_variables, unset_rank_variables
 
-__all__ = ["HeteroEngine", "HeteroOptions", "hetero_parts"]
+__all__ = ["MODE_OPTIONS", "HeteroEngine", "HeteroOptions", "hetero_parts"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,13 @@ class HeteroOptions:
     def pick(cls, arguments: dict[str, Any]) -> "HeteroOptions":
         """These options out of a constructor's ``locals()``."""
         return cls(**{f.name: arguments[f.name] for f in fields(cls)})
+
+
+#: The modes' own options (``ModeOptions``' fields but the shared ones): keywords of
+#: ``HeteroStrategy``, picked into its ``ModeOptions``; ``HeteroFSDPStrategy`` refuses them.
+MODE_OPTIONS = tuple(
+    f.name for f in fields(ModeOptions) if f.name not in {g.name for g in fields(HeteroOptions)}
+)
 
 
 def hetero_parts(
@@ -206,17 +213,17 @@ class HeteroEngine:
     @property
     def merges(self) -> list[dict[str, Any]]:
         """Local mode: one record per merge (weights, update counts, perturbation)."""
-        return getattr(self.training_mode, "merges", [])
+        return self.training_mode.merges
 
     @property
     def server(self) -> Any:
         """The parameter server (async mode, rank 0 only, while training)."""
-        return getattr(self.training_mode, "server", None)
+        return self.training_mode.server
 
     @property
     def dual_plan(self) -> DualBatchPlan | None:
         """Dual batch size learning: the plan being run (``None`` for other controllers)."""
-        return getattr(self.training_mode, "dual_plan", None)
+        return self.training_mode.dual_plan
 
     @property
     def sampler(self) -> Any:
