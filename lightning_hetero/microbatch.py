@@ -444,6 +444,10 @@ class MicroBatches:
     #: an error naming it (``refused_collectives``); ``False`` where the micro-batches' own
     #: communication goes through those functions (FSDP2's all-gathers).
     refuses_collectives: ClassVar[bool] = True
+    #: Take Lightning's accumulation over at world size 1 too (one rank has no shares to
+    #: balance, so by default Lightning's accumulation runs there as it is; tests turn it on
+    #: to run the take-over in one process).
+    takes_over_one_rank: ClassVar[bool] = False
 
     def __init__(self, strategy: Any) -> None:
         self.strategy = strategy
@@ -517,8 +521,8 @@ class MicroBatches:
         accumulate = converted_accumulation(
             accumulate, strategy.micro_batch_size, state.global_batch_size, state.initial
         )
-        if accumulate == 1:
-            return
+        if accumulate == 1 or (strategy.world_size == 1 and not self.takes_over_one_rank):
+            return  # one rank has no shares to balance: Lightning's accumulation, as it is
         self._ddp_counts = (trainer.val_check_interval, trainer.limit_train_batches)
         counts = {name: getattr(trainer, name) for name in LOOP_COUNTS}
         self._user_counts = (trainer, set_loop_counts(trainer, counts))

@@ -28,6 +28,13 @@ from lightning_hetero.microbatch import (
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
 
+@pytest.fixture(autouse=True)
+def _take_over_in_one_process(monkeypatch):
+    """The accumulation take-over's machinery, tested in one process (by default one rank
+    runs Lightning's accumulation as it is: see ``test_one_rank_runs_lightnings_accumulation``)."""
+    monkeypatch.setattr(MicroBatches, "takes_over_one_rank", True)
+
+
 @pytest.mark.parametrize(
     ("samples", "bound", "expected"),
     [(10, 4, [4, 3, 3]), (8, 1, [1] * 8), (3, 4, [3]), (8, 4, [4, 4]), (9, 2, [2, 2, 2, 2, 1])],
@@ -346,6 +353,42 @@ def test_accumulation_runs_as_one_global_batch_and_steps_as_lightnings_accumulat
     assert got.validated == expected.validated == [2, 4]
     # the user's Trainer settings are back once the fit ended
     assert (trainer.accumulate_grad_batches, trainer.val_check_interval) == (4, 8)
+
+
+class _Iterable(_Recorded):
+    def train_dataloader(self):
+        from lightning.pytorch.demos.boring_classes import RandomIterableDataset
+
+        return torch.utils.data.DataLoader(RandomIterableDataset(32, 24), batch_size=4)
+
+
+@pytest.mark.parametrize("model", [_Recorded, _Iterable])
+def test_one_rank_runs_lightnings_accumulation_as_it_is(tmp_path, monkeypatch, model):
+    """At world size 1 there are no shares to balance: Lightning's own accumulation runs (its
+    ``batch_idx``, loop counts and ``accumulate_grad_batches`` are DDP's), and an
+    IterableDataset trains as it is."""
+    monkeypatch.setattr(MicroBatches, "takes_over_one_rank", False)
+    seen = {}
+    for name, strategy in (("plain", "auto"), ("hetero", HeteroStrategy(shuffle=False))):
+        torch.manual_seed(0)
+        trainer = pl.Trainer(
+            strategy=strategy,
+            accelerator="cpu",
+            devices=1,
+            accumulate_grad_batches=4,
+            max_epochs=1,
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path / name,
+        )
+        trainer.fit(instance := model())
+        seen[name] = (instance.seen, instance.stepped, trainer.num_training_batches)
+        assert trainer.accumulate_grad_batches == 4
+    assert seen["hetero"] == seen["plain"]
+    if model is _Recorded:  # 24 loader batches, an optimizer step every 4
+        assert seen["hetero"][1] == [(i + 1) // 4 for i in range(24)]
 
 
 @pytest.mark.parametrize(

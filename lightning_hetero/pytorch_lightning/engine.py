@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
 from lightning_hetero._comm import CudaStepTimer, HostStepTimer
@@ -388,6 +388,10 @@ class HeteroEngine:
         trainer = self.lightning_module.trainer
         if trainer.state.stage != RunningStage.TRAINING:
             return dataloader  # validation, test and predict keep Lightning's sharding
+        if self.world_size == 1 and isinstance(
+            getattr(dataloader, "dataset", None), IterableDataset
+        ):
+            return dataloader  # one rank: nothing to split, the stream runs as it is
         seed = check_training_loader(dataloader)
         assert isinstance(dataloader, DataLoader)
         state = self.plan_state
