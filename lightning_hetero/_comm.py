@@ -25,6 +25,9 @@ class StepRecord(NamedTuple):
     full: bool
     #: Tells the plans the steps ran under apart (e.g. a checksum of the plan; 0: unknown).
     plan: int = 0
+    #: ``(samples, compute seconds)`` of each micro-batch, where the step ran its batch as two
+    #: or more (each backward's share of ``compute_s``, waits excluded); else empty.
+    micro: tuple[tuple[int, float], ...] = ()
 
 
 class HostStepTimer:
@@ -50,15 +53,21 @@ class HostStepTimer:
     (``no_sync`` during gradient accumulation, or no DDP at all) is all compute; a wait that
     begins after a step's last end mark belongs to the next step's cycle.
 
+    A step whose batch ran as micro-batches (two or more backwards, each told its samples,
+    which sum to the step's batch) also records each micro-batch's compute: from the batch's
+    arrival (``start``) to the first backward's end, then from each backward's end to the
+    next, less the waits inside; the data loading before the arrival and the optimizer
+    step after the last backward are the step's rest.
+
     ``finish`` (also called by ``start`` and ``collect``) closes the step; a
     step without an end mark (nothing was backpropagated) records nothing and breaks the
     cycle, and marks made while no step is open are ignored.
     """
 
     def __init__(self) -> None:
-        # (batch_size, begin, end, ((wait_begin, wait_end), ...), other waits in s, full, plan)
-        self._pending: list[tuple[int, Any, Any, tuple[tuple[Any, Any], ...], float, bool, int]]
-        self._pending = []
+        # (batch_size, begin, end, ((wait_begin, wait_end), ...), other waits in s, full, plan,
+        # the batch's arrival and each backward's (end, samples) where micro-batched, else None)
+        self._pending: list[tuple[Any, ...]] = []
         self._batch_size = 0
         self._plan = 0
         self._cycle_begin: Any = None  # the previous step's end, until a break
@@ -70,6 +79,8 @@ class HostStepTimer:
         self._waits_in_step = 0  # wait segments that began before the last end mark
         self._extra_wait_s = 0.0  # waits measured elsewhere, in seconds
         self._waiting_depth = 0  # open ``waiting`` blocks: nested ones count once
+        self._arrival: Any = None  # the step's batch on the device
+        self._ends: list[tuple[Any, int | None]] = []  # each backward's end and samples
 
     def _now(self) -> Any:
         return time.perf_counter()
@@ -88,6 +99,7 @@ class HostStepTimer:
         self._batch_size, self._plan = batch_size, plan
         self._full = self._cycle_begin is not None
         self._start = self._cycle_begin if self._full else self._now()
+        self._arrival = self._now() if self._full else self._start
 
     def break_cycle(self) -> None:
         """What runs until the next ``start`` is no step's cost (a new epoch, validation):
@@ -101,14 +113,16 @@ class HostStepTimer:
         if self._start is not None:
             self._ready = self._now()
 
-    def backward_done(self) -> None:
-        """A backward ended (with its all-reduce, if any): an end mark."""
+    def backward_done(self, samples: int | None = None) -> None:
+        """A backward ended (with its all-reduce, if any): an end mark. ``samples``: the
+        samples it backpropagated (a micro-batch's, where the step runs several)."""
         if self._start is None:
             return
         done = self._now()
         if self._ready is not None:
             self._waits.append((self._ready, done))
             self._ready = None
+        self._ends.append((done, samples))
         self._mark_end(done)
 
     def step_done(self) -> None:
@@ -148,12 +162,22 @@ class HostStepTimer:
         if self._end is not None:
             waits = tuple(self._waits[: self._waits_in_step])
             record = (self._batch_size, self._start, self._end, waits, self._extra_wait_s)
-            self._pending.append((*record, self._full, self._plan))
+            sizes = [n for _, n in self._ends]
+            micro = (
+                (self._arrival, tuple(self._ends))
+                if len(sizes) > 1
+                and None not in sizes
+                and sum(sizes) == self._batch_size  # type: ignore[arg-type]
+                and not self._extra_wait_s  # waits counted elsewhere: not placed in time
+                else None
+            )
+            self._pending.append((*record, self._full, self._plan, micro))
             self._waits = self._waits[self._waits_in_step :]  # they belong to the next cycle
         else:
             self._waits = []
         self._cycle_begin = self._end
-        self._start = self._ready = self._end = None
+        self._start = self._ready = self._end = self._arrival = None
+        self._ends = []
         self._waits_in_step = 0
         self._extra_wait_s = 0.0
 
@@ -165,11 +189,29 @@ class HostStepTimer:
         self.finish()
         records = []
         while self._pending and self._finished(self._pending[0][2], synchronize):
-            batch_size, start, end, waits, extra_wait_s, full, plan = self._pending.pop(0)
+            batch_size, start, end, waits, extra_wait_s, full, plan, *micro_of = self._pending.pop(
+                0
+            )
+            micro = micro_of[0] if micro_of else None  # (a 7-field entry: none)
             wait_s = extra_wait_s + sum(self._elapsed_s(begin, stop) for begin, stop in waits)
             cost_s = self._elapsed_s(start, end) - wait_s
-            records.append(StepRecord(batch_size, cost_s, wait_s, full, plan))
+            parts = () if micro is None else self._micro_batches(*micro, waits)
+            records.append(StepRecord(batch_size, cost_s, wait_s, full, plan, parts))
         return records
+
+    def _micro_batches(
+        self, arrival: Any, ends: tuple[tuple[Any, int], ...], waits: tuple[tuple[Any, Any], ...]
+    ) -> tuple[tuple[int, float], ...]:
+        """``(samples, compute seconds)`` of each micro-batch: from the arrival or the
+        previous backward's end to its own, less the waits within."""
+        spans = [(self._elapsed_s(arrival, b), self._elapsed_s(arrival, e)) for b, e in waits]
+        parts, begin = [], 0.0
+        for mark, samples in ends:
+            end = self._elapsed_s(arrival, mark)
+            waited = sum(min(e, end) - max(b, begin) for b, e in spans if b < end and e > begin)
+            parts.append((samples, end - begin - waited))
+            begin = end
+        return tuple(parts)
 
 
 class CudaStepTimer(HostStepTimer):

@@ -18,7 +18,7 @@ def test_compute_runs_until_gradients_are_ready_and_wait_until_backward_ends():
     timer.start(batch_size=16)
     timer.grads_ready()
     timer.backward_done()
-    assert timer.collect() == [(16, 2.5, 0.5, False, 0)]
+    assert timer.collect() == [(16, 2.5, 0.5, False, 0, ())]
     assert timer.collect() == []
 
 
@@ -26,7 +26,7 @@ def test_step_without_hook_call_counts_as_all_compute():
     timer = FakeClockTimer([1.0, 4.0])
     timer.start(batch_size=8)
     timer.backward_done()
-    assert timer.collect() == [(8, 3.0, 0.0, False, 0)]
+    assert timer.collect() == [(8, 3.0, 0.0, False, 0, ())]
 
 
 def test_backward_without_a_started_step_records_nothing():
@@ -44,23 +44,23 @@ def test_every_backward_and_the_optimizer_step_are_timed_and_only_all_reduces_wa
     timer.grads_ready()  # 3.5: the second backward took 2.0 of compute
     timer.backward_done()  # 4.0: waited 0.5
     timer.step_done()  # 4.25
-    assert timer.collect() == [(4, 3.25, 1.0, False, 0)]
+    assert timer.collect() == [(4, 3.25, 1.0, False, 0, ())]
 
 
 def test_a_step_after_the_first_runs_from_the_previous_steps_end_so_loading_is_its_cost():
     # step 1: 0 - 1; then 1 - 4 on the training thread (loop, fetching and collating the
     # next batch with num_workers=0) before step 2's batch is on the device at 4
-    timer = FakeClockTimer([0.0, 1.0, 5.0, 5.5])
+    timer = FakeClockTimer([0.0, 1.0, 4.0, 5.0, 5.5])
     timer.start(batch_size=8)  # 0.0
     timer.step_done()  # 1.0
-    timer.start(batch_size=8)  # 4.0, not read: the cycle began at 1.0
+    timer.start(batch_size=8)  # 4.0, its arrival: the cycle began at 1.0
     timer.grads_ready()  # 5.0
     timer.backward_done()  # 5.5: waited 0.5 for the other ranks
-    assert timer.collect() == [(8, 1.0, 0.0, False, 0), (8, 4.0, 0.5, True, 0)]
+    assert timer.collect() == [(8, 1.0, 0.0, False, 0, ()), (8, 4.0, 0.5, True, 0, ())]
 
 
 def test_waits_after_a_steps_end_belong_to_the_next_cycle():
-    timer = FakeClockTimer([0.0, 1.0, 2.0, 2.5, 3.0, 9.0, 9.5, 12.0])
+    timer = FakeClockTimer([0.0, 1.0, 2.0, 2.5, 3.0, 9.0, 9.5, 10.0, 12.0])
     timer.start(batch_size=2)
     with timer.waiting():  # 1.0 - 2.0: a sync_dist log in training_step
         pass
@@ -68,9 +68,9 @@ def test_waits_after_a_steps_end_belong_to_the_next_cycle():
     timer.step_done()  # 3.0
     with timer.waiting():  # 9.0 - 9.5: after the step's end (e.g. on_train_batch_end)
         pass
-    timer.start(batch_size=2)  # not read: the next cycle began at 3.0
+    timer.start(batch_size=2)  # 10.0, its arrival: the next cycle began at 3.0
     timer.step_done()  # 12.0
-    assert timer.collect() == [(2, 2.0, 1.0, False, 0), (2, 8.5, 0.5, True, 0)]
+    assert timer.collect() == [(2, 2.0, 1.0, False, 0, ()), (2, 8.5, 0.5, True, 0, ())]
 
 
 def test_a_wait_inside_another_counts_once():
@@ -80,7 +80,7 @@ def test_a_wait_inside_another_counts_once():
     with timer.waiting(), timer.waiting():  # 1.0 - 3.0; the inner block reads no clock
         pass
     timer.step_done()  # 4.0
-    assert timer.collect() == [(2, 2.0, 2.0, False, 0)]
+    assert timer.collect() == [(2, 2.0, 2.0, False, 0, ())]
 
 
 def test_a_break_makes_the_next_step_start_at_its_batch():
@@ -93,17 +93,17 @@ def test_a_break_makes_the_next_step_start_at_its_batch():
         pass
     timer.start(batch_size=3)  # 7.0
     timer.step_done()  # 7.5
-    assert timer.collect() == [(3, 1.0, 0.0, False, 0), (3, 0.5, 0.0, False, 0)]
+    assert timer.collect() == [(3, 1.0, 0.0, False, 0, ()), (3, 0.5, 0.0, False, 0, ())]
 
 
 def test_a_step_is_closed_by_the_next_start_and_unmarked_steps_record_nothing():
-    timer = FakeClockTimer([0.0, 1.0, 5.0, 7.0])
+    timer = FakeClockTimer([0.0, 1.0, 2.0, 5.0, 7.0])
     timer.start(batch_size=3)
     timer.backward_done()  # 1.0
-    timer.start(batch_size=5)  # the cycle began at 1.0: the clock is not read
+    timer.start(batch_size=5)  # 2.0, its arrival: the cycle began at 1.0
     timer.start(batch_size=6)  # 5.0: the second had no backward, so no cycle to continue
     timer.finish()
-    assert timer.collect() == [(3, 1.0, 0.0, False, 0)]
+    assert timer.collect() == [(3, 1.0, 0.0, False, 0, ())]
 
 
 def test_marks_outside_a_step_are_ignored():
@@ -130,3 +130,38 @@ def test_cuda_events_measure_device_work():
     timer.step_done()
     ((batch_size, compute_s, wait_s, *_),) = timer.collect(synchronize=True)
     assert batch_size == 1 and compute_s > 0 and wait_s >= 0
+
+
+def test_each_micro_batch_is_timed_from_the_arrival_or_the_backward_before_less_its_waits():
+    # a share of 10 as micro-batches of 4, 3, 3: loading 1.0 before the batch arrives, each
+    # backward told its samples; only the last all-reduces (waits 0.5), then the optimizer
+    timer = FakeClockTimer([0.0, 1.0, 2.0, 4.0, 6.0, 7.0, 7.5, 8.0, 9.0, 11.0, 11.5])
+    timer.start(batch_size=10)  # 0.0: the first step (its arrival too)
+    timer.backward_done(10)  # 1.0
+    timer.step_done()  # 2.0
+    timer.start(batch_size=10)  # 4.0: arrival; the cycle began at 2.0 (2.0 of loading)
+    timer.backward_done(4)  # 6.0
+    timer.backward_done(3)  # 7.0
+    with timer.waiting():  # 7.5 - 8.0: a wait inside the last micro-batch
+        pass
+    timer.grads_ready()  # 9.0
+    timer.backward_done(3)  # 11.0: 2.0 of all-reduce
+    timer.step_done()  # 11.5
+    first, second = timer.collect()
+    assert first.micro == ()  # one backward: no micro-batches
+    assert second[:5] == (10, 7.0, 2.5, True, 0)
+    assert second.micro == ((4, 2.0), (3, 1.0), (3, 1.5))
+
+
+def test_backwards_that_are_not_the_batchs_micro_batches_give_no_micro_timings():
+    # two backwards of the whole batch (manual optimization), and backwards without samples
+    timer = FakeClockTimer([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    timer.start(batch_size=4)
+    timer.backward_done(4)
+    timer.backward_done(4)
+    timer.step_done()
+    timer.start(batch_size=4)
+    timer.backward_done()
+    timer.backward_done()
+    (whole, unknown) = timer.collect()
+    assert whole.micro == () and unknown.micro == ()

@@ -70,6 +70,14 @@ class SimulatedWorker:
         device_s = sum(self._device_s(size) + self.overhead_s for size in self._parts(batch_size))
         return device_s / speed + self.load_s * batch_size
 
+    def micro_batches_s(self, batch_size: int, speed: float = 1.0) -> list[tuple[int, float]]:
+        """Noise-free ``(samples, seconds)`` of each micro-batch of a step (its device time
+        and ``overhead_s``); the rest of ``step_s`` is loading."""
+        return [
+            (size, (self._device_s(size) + self.overhead_s) / speed)
+            for size in self._parts(batch_size)
+        ]
+
     def _device_s(self, batch_size: int) -> float:
         effective = max(batch_size, self.saturation_batch)
         if self.memory_cap is not None and batch_size > self.memory_cap:
@@ -140,6 +148,10 @@ class ClusterSimulator:
             for ``seconds`` more with ``probability`` (another job's burst, a page fault, a
             GC pause: heavy-tailed delays no plan can avoid, on top of the speed
             differences).
+        micro_noise: draw the noise and stalls of a worker that runs micro-batches per
+            micro-batch (a stall lands on the step's first), as a busy host delays each
+            forward and backward on its own; ``False``: one draw per step, which every
+            micro-batch of the step shares.
 
     Example:
         >>> from lightning_hetero.planning import BatchLimits, ProportionalController
@@ -157,6 +169,7 @@ class ClusterSimulator:
         seed: int = 0,
         availability: Mapping[int, Sequence[tuple[float, float]]] | None = None,
         stalls: tuple[float, float] = (0.0, 0.0),
+        micro_noise: bool = False,
     ) -> None:
         if not workers:
             raise ValueError("The simulator needs at least one worker.")
@@ -177,6 +190,7 @@ class ClusterSimulator:
                 f"`stalls` must be (probability in [0, 1], seconds >= 0), got {stalls}."
             )
         self.stalls = (float(stalls[0]), float(stalls[1]))
+        self.micro_noise = micro_noise
         self._rng = random.Random(seed)
 
     @classmethod
@@ -268,6 +282,32 @@ class ClusterSimulator:
             times = [t + (stall_s if self._rng.random() < probability else 0.0) for t in times]
         return times
 
+    def step_timings(
+        self, batch_sizes: Sequence[int], boundary: int
+    ) -> list[tuple[float, list[tuple[int, float]]]]:
+        """Per worker, one step's compute time with noise and stalls, and its micro-batches'
+        ``(samples, seconds)`` (the step's time less its loading; two or more micro-batches,
+        else none)."""
+        speeds = self.speeds_at(boundary)
+        parts = [w.micro_batches_s(b, s) for w, b, s in zip(self.workers, batch_sizes, speeds)]
+        if not self.micro_noise:  # one draw per step, shared by its micro-batches
+            true = self.true_step_s(batch_sizes, boundary)
+            out = []
+            for t, noisy, micro in zip(true, self.step_s(batch_sizes, boundary), parts):
+                scale = noisy / t if t > 0 else 1.0
+                out.append((noisy, [(n, x * scale) for n, x in micro] if len(micro) > 1 else []))
+            return out
+        probability, stall_s = self.stalls
+        out = []
+        for worker, b, micro in zip(self.workers, batch_sizes, parts):
+            drawn = [(n, x * max(0.05, 1.0 + self._rng.gauss(0.0, self.noise))) for n, x in micro]
+            load_s = worker.load_s * b * max(0.05, 1.0 + self._rng.gauss(0.0, self.noise))
+            if probability > 0.0 and self._rng.random() < probability:
+                drawn[0] = (drawn[0][0], drawn[0][1] + stall_s)
+            total = load_s + sum(x for _, x in drawn)
+            out.append((total, drawn if len(drawn) > 1 else []))
+        return out
+
     def run(
         self,
         controller: Controller,
@@ -276,11 +316,14 @@ class ClusterSimulator:
         boundaries: int,
         steps_per_boundary: int = 20,
         guard: StepTimeGuard | None = None,
+        micro_timings: bool = True,
     ) -> SimulationResult:
         """Run ``boundaries`` intervals; after each, the controller picks the next plan.
 
         ``guard``: check each change against the measured step time (the slowest worker's
         time, every step) and revert one that made steps slower, as the re-planner does.
+        ``micro_timings``: the smoothers get each micro-batch's time, as the step timer hands
+        them over (``False``: only the step's, as before micro-batches were samples).
         """
         if len(batch_sizes) != len(self.workers):
             raise ValueError("One initial batch size per worker is needed.")
@@ -289,11 +332,12 @@ class ClusterSimulator:
         smoothers = [TimingSmoother() for _ in self.workers]
         for boundary in range(boundaries):
             steps = []
+            key = plan_checksum(plan)
             for _ in range(steps_per_boundary):
-                times = self.step_s(plan, boundary)
-                steps.append(max(times))
-                for smoother, b, t in zip(smoothers, plan, times):
-                    smoother.update(b, t, 0.0, plan=plan_checksum(plan))
+                timings = self.step_timings(plan, boundary)
+                steps.append(max(t for t, _ in timings))
+                for smoother, b, (t, micro) in zip(smoothers, plan, timings):
+                    smoother.update(b, t, 0.0, plan=key, micro=micro if micro_timings else ())
             for smoother in smoothers:
                 smoother.mark()
             compute_s = [s.compute_s for s in smoothers]

@@ -1,11 +1,12 @@
 """Per-rank statistics of step timings between two plan changes."""
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from math import isfinite, nan, sqrt
-from statistics import median
+from math import hypot, isfinite, nan, sqrt
+from statistics import fmean, median
 
-__all__ = ["TimingSmoother", "robust_centre"]
+__all__ = ["TimingSmoother", "micro_batch_centre", "robust_centre"]
 
 #: Steps a new stretch of readings must hold before it is compared with the steps before it.
 _BLOCK = 16
@@ -36,13 +37,56 @@ def robust_centre(values: list[float]) -> tuple[float, float]:
     centre = median(values)
     if len(values) < 2:
         return centre, nan
+    return centre, _MEDIAN_SE * _spread(values, centre) / sqrt(len(values))
+
+
+def _spread(values: Sequence[float], centre: float) -> float:
+    """The median absolute deviation of ``values`` from ``centre``, or half their
+    interquartile range where that is larger."""
     spread = median(abs(v - centre) for v in values)
     # half the interquartile range equals the MAD on symmetric noise; where stalls make the
     # steps two clusters (a third of them slow, say) the MAD sees only the cluster that holds
     # the median and the IQR sees both: the larger says how far the median may be off
     ordered = sorted(values)
     half_iqr = 0.5 * (ordered[(3 * len(values)) // 4] - ordered[len(values) // 4])
-    return centre, _MEDIAN_SE * max(spread, half_iqr) / sqrt(len(values))
+    return max(spread, half_iqr)
+
+
+def micro_batch_centre(
+    steps: Sequence[Sequence[float]], rests: Sequence[float], batch_size: int
+) -> tuple[float, float]:
+    """A step's compute time from the micro-batches of several steps, and its standard error.
+
+    ``steps``: per step, the seconds per sample of each of its micro-batches; ``rests``: per
+    step, its compute time outside them (loading, the optimizer step, the loop). The step
+    costs ``batch_size`` times the median seconds per sample over *every* micro-batch, plus
+    the median rest. The per-sample median's standard error (``robust_centre``'s, over all
+    micro-batches) holds for micro-batches that vary independently; where they vary
+    together within a step (a slow stretch of the host spans the step), it is scaled by the
+    root of the design effect ``m * s_step^2 / s^2``, within ``[1, m]``: ``m`` micro-batches
+    a step, ``s_step`` the spread of the steps' mean per-sample times, ``s`` that of the
+    micro-batches (independent micro-batches give ``s_step^2 = s^2 / m``, an effect of 1;
+    micro-batches that move together give ``m``, the error of ``m``-fold fewer samples).
+
+    Example:
+        >>> steps = [[0.010, 0.011], [0.009, 0.010], [0.010, 0.012], [0.011, 0.009]]
+        >>> centre, se = micro_batch_centre(steps, [0.02, 0.02, 0.021, 0.019], batch_size=8)
+        >>> round(centre, 4), round(se, 4)
+        (0.1, 0.0053)
+    """
+    values = [v for step in steps for v in step]
+    if not values:
+        return nan, nan
+    per_sample, se = robust_centre(values)
+    rest, rest_se = robust_centre(list(rests))
+    if len(steps) > 1 and isfinite(se):
+        within = _spread(values, per_sample)
+        means = [fmean(step) for step in steps]
+        between = _spread(means, median(means))
+        m = len(values) / len(steps)
+        effect = 1.0 if within == 0 else min(m, max(1.0, m * (between / within) ** 2))
+        se *= sqrt(effect)
+    return batch_size * per_sample + rest, hypot(batch_size * se, rest_se)
 
 
 def _lower_quartile(values: list[float]) -> tuple[float, float]:
@@ -74,6 +118,13 @@ class TimingSmoother:
     batch's arrival (``full=False``: an epoch's first, see
     ``StepRecord``) counts only while no fully timed one exists.
 
+    A step run as several micro-batches (``micro``: each one's samples and compute seconds)
+    makes each of them a sample: while every step held has them, ``compute_s`` and
+    ``compute_se`` come from ``micro_batch_centre`` over the latest 256 steps (their
+    micro-batches, and the rest of each step), so a short epoch of few optimizer steps still
+    measures its speed from many timings, and a stall in one micro-batch weighs as one
+    micro-batch, not a whole step.
+
     Besides those it keeps the plain mean of the whole step, compute plus waiting
     (``step_s``, the synchronous step time in lock-step modes, stalls included: they are
     wall time the guard must see) with its standard error.
@@ -102,15 +153,27 @@ class TimingSmoother:
         self.batch_size = self.steps = self.full_steps = self.plan = 0
         self._compute: deque[float] = deque(maxlen=self.window)
         self._wait: deque[float] = deque(maxlen=self.window)
+        # per step: its micro-batches' seconds per sample (``None``: run as one batch), and
+        # its compute outside them
+        self._micro: deque[tuple[float, ...] | None] = deque(maxlen=self.window)
+        self._rest: deque[float] = deque(maxlen=self.window)
+        self._micro_steps = 0  # steps held with micro-batches
         self._block = 0  # steps since the last speed-change test
         self._step = _Moments()
 
     def update(
-        self, batch_size: int, compute_s: float, wait_s: float, full: bool = True, plan: int = 0
+        self,
+        batch_size: int,
+        compute_s: float,
+        wait_s: float,
+        full: bool = True,
+        plan: int = 0,
+        micro: Sequence[tuple[int, float]] = (),
     ) -> None:
         """Add one step; a different ``batch_size`` or ``plan`` (a key of the whole plan)
         restarts the statistics. ``full``: the step was timed from the previous step's end
-        (its loading included)."""
+        (its loading included). ``micro``: ``(samples, compute seconds)`` of each of the
+        step's micro-batches, where it ran two or more."""
         if batch_size != self.batch_size or plan != self.plan:
             self.reset()
             self.batch_size, self.plan = batch_size, plan
@@ -123,12 +186,19 @@ class TimingSmoother:
         self.steps += 1
         self.full_steps += full
         if self.steps <= 2:  # the first step is replaced by the second
-            self._compute.clear()
-            self._wait.clear()
+            for samples in (self._compute, self._wait, self._micro, self._rest):
+                samples.clear()
+            self._micro_steps = 0
             self._step = _Moments()
             self._block = 0
+        if len(self._micro) == self._micro.maxlen and self._micro[0] is not None:
+            self._micro_steps -= 1  # the oldest step leaves the window
+        per_sample = _per_sample(micro)
+        self._micro_steps += per_sample is not None
         self._compute.append(compute_s)
         self._wait.append(wait_s)
+        self._micro.append(per_sample)
+        self._rest.append(compute_s - sum(t for _, t in micro) if per_sample else nan)
         self._step.add(compute_s + wait_s)
         self._block += 1
         if self._block >= _BLOCK:
@@ -154,14 +224,27 @@ class TimingSmoother:
         latest, latest_se = _lower_quartile(held[-latest_n:])
         noise = _Z * sqrt(before_se * before_se + latest_se * latest_se)
         if abs(latest - before) > noise + _SPEED_CHANGE * before:
-            for samples in (self._compute, self._wait):
+            for samples in (self._compute, self._wait, self._micro, self._rest):
                 kept = list(samples)[-latest_n:]
                 samples.clear()
-                samples.extend(kept)
+                samples.extend(kept)  # type: ignore[arg-type]
+            self._micro_steps = sum(m is not None for m in self._micro)
+
+    def _by_micro_batch(self) -> tuple[float, float] | None:
+        """``micro_batch_centre`` of the latest steps, when every step held ran micro-batches."""
+        n = len(self._compute)
+        if n == 0 or self._micro_steps != n:
+            return None
+        steps = [m or () for m in list(self._micro)[-_SPREAD_STEPS:]]
+        return micro_batch_centre(steps, list(self._rest)[-_SPREAD_STEPS:], self.batch_size)
 
     @property
     def compute_s(self) -> float:
-        """Median compute time per step since the last change (``nan`` before a step)."""
+        """Median compute time per step since the last change (``nan`` before a step); from
+        the micro-batches when the steps ran several (see the class)."""
+        by_micro = self._by_micro_batch()
+        if by_micro is not None:
+            return by_micro[0]
         return median(self._compute) if self._compute else nan
 
     @property
@@ -173,7 +256,11 @@ class TimingSmoother:
     def compute_se(self) -> float:
         """Standard error of ``compute_s`` (see ``robust_centre``); ``nan`` below two
         steps. The spread is read from the latest ``_SPREAD_STEPS`` steps (as good an
-        estimate, and a boundary every step or two does not sort a thousand of them)."""
+        estimate, and a boundary every step or two does not sort a thousand of them); with
+        micro-batches, ``micro_batch_centre``'s error."""
+        by_micro = self._by_micro_batch()
+        if by_micro is not None:
+            return by_micro[1]
         n = len(self._compute)
         if n <= _SPREAD_STEPS:
             return robust_centre(list(self._compute))[1]
@@ -200,6 +287,15 @@ class TimingSmoother:
         """Standard error of ``step_s`` (``nan`` below two steps)."""
         n = self._step.count
         return self._step.std / sqrt(n) if n > 1 else nan
+
+
+def _per_sample(micro: Sequence[tuple[int, float]]) -> tuple[float, ...] | None:
+    """Seconds per sample of each micro-batch; ``None`` below two of them or for a reading
+    that is not finite."""
+    if len(micro) < 2:
+        return None
+    times = tuple(t / n for n, t in micro if n > 0 and isfinite(t) and t >= 0)
+    return times if len(times) == len(micro) else None
 
 
 @dataclass

@@ -184,3 +184,73 @@ def test_steps_in_two_clusters_report_the_noise_of_both_not_of_the_median_one():
     assert centre == pytest.approx(0.0165)
     assert se / centre > 0.3  # half the IQR: the median may well be off by a third
     assert robust_centre([1.0, 1.1, 0.9, 1.0, 9.0])[1] == pytest.approx(0.083, abs=1e-3)
+
+
+def _micro_step(
+    rng: random.Random, per_sample: float, sizes: list[int], noise: float, stall: float
+) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """One step of ``sizes`` micro-batches, each its own noise, a stall (with probability
+    0.3) on the first, and 1 ms of rest; returns the step's compute and its micro-batches."""
+    parts = [(n, n * per_sample * max(0.05, 1.0 + rng.gauss(0.0, noise))) for n in sizes]
+    if rng.random() < 0.3:
+        parts[0] = (parts[0][0], parts[0][1] + stall)
+    return 0.001 + sum(t for _, t in parts), tuple(parts)
+
+
+def test_each_micro_batch_is_a_sample_of_the_per_sample_cost() -> None:
+    # 4 micro-batches of 4 a step, 8 steps (a short epoch), stalls on 30% of the steps: the
+    # micro-batches give the step's time as well as the steps do and a smaller error, since
+    # a stall is one micro-batch of four, not one step of eight
+    true_s = 16 * 0.001 + 0.001
+    errors: dict[bool, list[float]] = {True: [], False: []}
+    ses: dict[bool, list[float]] = {True: [], False: []}
+    for seed in range(20):
+        for micro in (True, False):
+            rng, s = random.Random(seed), TimingSmoother()
+            for _ in range(9):  # the first is discarded
+                compute, parts = _micro_step(rng, 0.001, [4, 4, 4, 4], 0.1, 0.01)
+                s.update(16, compute, 0.0, micro=parts if micro else ())
+            errors[micro].append(abs(s.compute_s - true_s) / true_s)
+            ses[micro].append(s.compute_se / s.compute_s)
+    assert statistics.median(errors[True]) < min(0.05, statistics.median(errors[False]))
+    assert statistics.median(ses[True]) < 0.5 * statistics.median(ses[False])
+
+
+def test_micro_batches_that_vary_together_keep_the_steps_error() -> None:
+    # each step's micro-batches share one factor (a slow stretch spans the step): they are
+    # one sample a step, not four, and the error must not shrink as if they were four
+    ratios = []
+    for seed in range(20):
+        rng, together, steps_only = random.Random(seed), TimingSmoother(), TimingSmoother()
+        for _ in range(17):
+            factor = max(0.05, 1.0 + rng.gauss(0.0, 0.1))
+            parts = tuple((4, 0.004 * factor) for _ in range(4))
+            compute = 0.001 + 0.016 * factor
+            together.update(16, compute, 0.0, micro=parts)
+            steps_only.update(16, compute, 0.0)
+        ratios.append(together.compute_se / steps_only.compute_se)
+    assert statistics.median(ratios) > 0.9
+
+
+def test_micro_batch_samples_pool_across_boundaries_while_the_plan_holds() -> None:
+    rng, s = random.Random(1), TimingSmoother()
+    seen = []
+    for _ in range(3):  # three boundaries of 8 steps at the same plan
+        for _ in range(8):
+            compute, parts = _micro_step(rng, 0.001, [4, 4, 4, 4], 0.1, 0.01)
+            s.update(16, compute, 0.0, plan=7, micro=parts)
+        s.mark()
+        seen.append((s.compute_count, s.compute_se))
+    assert [n for n, _ in seen] == [7, 15, 23]
+    assert seen[0][1] > seen[1][1] > seen[2][1]
+    s.update(16, 0.02, 0.0, plan=8, micro=((8, 0.01), (8, 0.01)))  # a new plan: afresh
+    assert s.compute_count == 1
+
+
+def test_steps_without_micro_batches_keep_the_median_of_the_steps() -> None:
+    s = TimingSmoother()
+    s.update(16, 0.03, 0.0, micro=((8, 0.01), (8, 0.01)))
+    s.update(16, 0.02, 0.0, micro=((8, 0.01), (8, 0.01)))
+    s.update(16, 0.05, 0.0)  # one step as a whole batch: the micro-batches no longer describe all
+    s.update(16, 0.04, 0.0, micro=((16, 0.02),))  # a single part is no micro-batching
+    assert s.compute_s == pytest.approx(0.04)
