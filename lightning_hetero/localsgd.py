@@ -51,6 +51,41 @@ class ReplicaMerger:
         self._previous = self._global
         self._velocity = None
 
+    def state_dict(self) -> dict[str, torch.Tensor | None]:
+        """The global model of the last merge, the one before it (``gamma``) and the outer
+        optimizer's momentum buffer (``outer_lr``; ``None`` before the first merge), on the
+        CPU."""
+
+        def saved(vector: torch.Tensor | None) -> torch.Tensor | None:
+            return None if vector is None else vector.detach().to("cpu", copy=True)
+
+        return {
+            "global": saved(self._global),
+            "previous": saved(self._previous),
+            "velocity": saved(self._velocity),
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor | None]) -> None:
+        """Continue from ``state`` (of ``state_dict``), on this replica's device."""
+        size = sum(p.numel() for p in self.params)
+        for name, vector in state.items():
+            if vector is not None and vector.numel() != size:
+                raise ValueError(
+                    f"The checkpoint's local-SGD merge state ({name!r}) has {vector.numel()}"
+                    f" values, this model {size} parameters: resume with the model it was"
+                    " saved from."
+                )
+        like = self._global  # this run's vector: its device and dtype
+
+        def placed(vector: torch.Tensor | None) -> torch.Tensor | None:
+            if vector is None or like is None:
+                return None
+            return vector.to(device=like.device, dtype=like.dtype, copy=True)
+
+        self._global = placed(state["global"])
+        self._previous = placed(state["previous"])
+        self._velocity = placed(state["velocity"])
+
     def norm_per_parameter(self) -> float:
         """This replica's L2 norm divided by its number of parameters (paper 004's test)."""
         if not self.params:

@@ -545,6 +545,7 @@ class Replanner:
             "history": [dict(entry) for entry in self.history],
             "adjustments": self.adjustments,
             "batches": self.batches,
+            "mode": self.training_mode.state_dict(),
             "ranks": [
                 {
                     "host": identity.host,
@@ -586,6 +587,7 @@ class Replanner:
         self.history[:] = state["history"]
         self.adjustments = state["adjustments"]
         self.batches = state.get("batches", 0)
+        self.training_mode.load_state_dict(state["mode"])
 
     def _keep_saved_throughputs(self, saved: list[dict[str, Any]]) -> None:
         """Carry the saved measurements of ranks that run where they ran before, so that a

@@ -118,21 +118,27 @@ def _state(version, **extra):
 
 def test_a_version_1_state_is_migrated_without_rank_records():
     migrated = _migrate(_state(1))
-    assert migrated["version"] == STATE_VERSION == 2
-    assert migrated["ranks"] == []
+    assert migrated["version"] == STATE_VERSION == 3
+    assert migrated["ranks"] == [] and migrated["mode"] == {}
     assert migrated["batch_sizes"] == [8, 24]
+
+
+def test_a_version_2_state_is_migrated_without_the_modes_state():
+    migrated = _migrate(_state(2, ranks=[]))
+    assert migrated == _state(STATE_VERSION, ranks=[], mode={})
 
 
 def test_a_state_of_this_version_loads_unchanged():
     ranks = [{"host": "a", "local_rank": 0, "batch_size": 8, "samples_per_s": 1.0}]
-    assert _migrate(_state(STATE_VERSION, ranks=ranks)) == _state(STATE_VERSION, ranks=ranks)
+    state = _state(STATE_VERSION, ranks=ranks, mode={})
+    assert _migrate(state) == state
 
 
 def test_a_newer_state_is_refused_with_both_versions_named():
     callback = HeteroCallback()
-    message = r"version 3, written by a newer.*versions 1 to 2.*Upgrade"
+    message = r"version 4, written by a newer.*versions 1 to 3.*Upgrade"
     with pytest.raises(ValueError, match=message):
-        callback.load_state_dict(_state(3))
+        callback.load_state_dict(_state(4))
 
 
 @pytest.mark.parametrize("version", [None, 0, "2", True])

@@ -62,6 +62,12 @@ class _Mode:
     def boundary_stats(self) -> dict:
         return {"staleness": [0.0]}
 
+    def state_dict(self) -> dict:
+        return {"parts": "state"}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loaded = state
+
     def on_train_epoch_start(self) -> None:
         pass
 
@@ -263,6 +269,7 @@ def test_the_state_round_trip_restores_plan_controller_history_and_counters():
         fresh.load_state_dict(state)
     assert fresh_host.plan_state.restored == [8]
     assert fresh.history == replanner.history and fresh.batches == replanner.batches
+    assert fresh_host.training_mode.loaded == {"parts": "state"}  # the mode's parts' state
 
 
 def test_nothing_is_gathered_before_the_first_training_loader():

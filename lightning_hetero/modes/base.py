@@ -380,6 +380,14 @@ class Mode:
         """Training ends."""
 
     # ---------------------------------------------------------------- checkpoints, faults
+    def state_dict(self) -> dict[str, Any]:
+        """What the mode's parts learned that the model and optimizers do not hold (saved
+        with the re-planner's state in ``HeteroCallback``'s checkpoint entry)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (of ``state_dict``; empty: a checkpoint without it)."""
+
     def before_model_state(self) -> None:
         """The model's state is about to be saved."""
 

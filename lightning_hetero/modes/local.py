@@ -43,6 +43,7 @@ class LocalSGDMode(Mode):
         self._next_merge = 0  # the next mega-batch of the epoch to merge
         self._updates = 0  # this rank's updates in the current mega-batch
         self._samples = 0  # and the samples they trained
+        self._restored: dict[str, Any] = {}  # a checkpoint's state, until training starts
 
     @classmethod
     def check_options(cls, options: ModeOptions, controller: Controller) -> None:
@@ -104,6 +105,9 @@ class LocalSGDMode(Mode):
         for tensor in [*module.parameters(), *module.buffers()]:
             ctx.comm.broadcast_tensor(tensor.data)
         self.merger = ReplicaMerger(module, ctx.rank, self.options.gamma, self.options.outer_lr)
+        if self._restored:  # a resumed run: the merges' momentum goes on
+            self.merger.load_state_dict(self._restored["merger"])
+            self._restored = {}
 
     def step_samples(self, batch_idx: int) -> int | None:
         # the next batch's tag, left in place: `step_layout` consumes it at the step's start
@@ -185,3 +189,14 @@ class LocalSGDMode(Mode):
 
     def on_validation_start(self) -> None:
         self._finish_epoch()  # validate the merged model
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        # the outer optimizer's momentum and gamma's previous model live in the merger
+        if self._restored or self.merger is None:
+            return dict(self._restored)
+        return {"merger": self.merger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Lightning restores checkpoints before training starts, when the merger is made
+        self._restored = dict(state)

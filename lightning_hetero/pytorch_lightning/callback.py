@@ -36,8 +36,9 @@ __all__ = ["HeteroCallback"]
 #: Version of the checkpointed state; bump when its layout changes and migrate the older
 #: versions in ``_migrate`` (a checkpoint written by one release must load in the next).
 #: 1: plan, controller, history, counters. 2: adds ``ranks`` (host, local rank, batch size
-#: and throughput of each rank at the last boundary).
-STATE_VERSION = 2
+#: and throughput of each rank at the last boundary). 3: adds ``mode`` (what the training
+#: mode's parts learned, e.g. local SGD's merge momentum; ``Mode.state_dict``).
+STATE_VERSION = 3
 
 
 def _migrate(state: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +63,8 @@ def _migrate(state: dict[str, Any]) -> dict[str, Any]:
     state = dict(state)
     if version == 1:
         state["ranks"] = []  # not recorded: a new world size falls back to a uniform plan
+    if version < 3:
+        state["mode"] = {}  # not recorded: the mode's parts start fresh
     state["version"] = STATE_VERSION
     return state
 

@@ -2,9 +2,14 @@
 
 import math
 
+import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_hetero import HeteroStrategy
+from lightning_hetero.localsgd import ReplicaMerger
 from lightning_hetero.modes.local import LocalSGDMode
 from lightning_hetero.sampler import EpochPermutation
 
@@ -92,3 +97,76 @@ def test_the_outer_optimizer_moves_the_merged_model_by_nesterov_on_the_pseudo_gr
         module.weight.fill_(0.71)
     merger.merge([1.0])
     assert module.weight.item() == pytest.approx(0.81 - 0.5 * (0.1 + 0.9 * 0.28))  # 0.634
+
+
+class _Line(pl.LightningModule):
+    """Least squares on a fixed data set (one merge per epoch at the default mega-batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(48, 4, generator=g), torch.randn(48, 1, generator=g)
+        return DataLoader(TensorDataset(x, y), batch_size=8)
+
+
+class _MergerAtStart(pl.Callback):
+    """The local mode's merge state when the first epoch of a fit starts (after the
+    strategy's ``on_train_start``, where the merger is made)."""
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if not hasattr(self, "state"):
+            self.state = trainer.strategy.training_mode.merger.state_dict()
+
+
+def _fit(tmp_path, epochs: int, ckpt_path=None, **options) -> dict:
+    pl.seed_everything(0, verbose=False)
+    seen = _MergerAtStart()
+    trainer = pl.Trainer(
+        strategy=HeteroStrategy(mode="local", **options),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        default_root_dir=tmp_path,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True), seen],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(_Line(), ckpt_path=ckpt_path)
+    return seen.state
+
+
+@pytest.mark.parametrize("options", [{"outer_lr": 0.5}, {"gamma": 0.5}], ids=["outer", "gamma"])
+def test_a_resumed_run_keeps_the_merges_momentum(tmp_path, options):
+    # the outer optimizer's momentum buffer and gamma's previous model are checkpointed in
+    # HeteroCallback's entry (Mode.state_dict) and the resumed run's merger starts from them
+    _fit(tmp_path, 1, **options)
+    last = tmp_path / "last.ckpt"
+    entries = torch.load(last, weights_only=True)["callbacks"]
+    saved = next(v for k, v in entries.items() if "HeteroCallback" in k)["mode"]["merger"]
+    # one merge: the previous model is the start, the momentum the first pseudo-gradient
+    assert not torch.equal(saved["previous"], saved["global"])
+    assert (saved["velocity"] is not None) == ("outer_lr" in options)
+    resumed = _fit(tmp_path, 2, ckpt_path=str(last), **options)
+    for name, vector in saved.items():
+        if vector is None:
+            assert resumed[name] is None
+        else:
+            torch.testing.assert_close(resumed[name], vector, rtol=0, atol=0)
+
+
+def test_a_merge_state_of_another_model_is_refused():
+    saved = ReplicaMerger(torch.nn.Linear(2, 1), rank=0, gamma=0.5).state_dict()
+    merger = ReplicaMerger(torch.nn.Linear(3, 1), rank=0, gamma=0.5)
+    with pytest.raises(ValueError, match="3 values, this model 4 parameters"):
+        merger.load_state_dict(saved)
