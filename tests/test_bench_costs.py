@@ -28,3 +28,17 @@ def test_the_overhead_benchmark_pairs_ddp_and_hetero_runs():
     assert pair["ratio"] == pytest.approx(pair["hetero"] / pair["ddp"])
     table = overhead_table(pairs)
     assert table.splitlines()[0].startswith("| DDPStrategy step (ms)")
+
+
+def test_the_overhead_table_names_the_pair_it_compares():
+    pairs = [{"ddp": 0.010, "hetero": 0.0101, "ratio": 1.01}]
+    table = overhead_table(pairs, ('adjust_every="epoch"', "adjust_every=2"))
+    assert table.splitlines()[0].startswith('| adjust_every="epoch" step (ms) | adjust_every=2')
+    assert "| 10.100 / 10.100 / 10.100 | 1.010 / 1.010 / 1.010 |" in table
+
+
+def test_the_overhead_benchmark_refuses_a_bad_adjust_every():
+    from lightning_hetero.bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--overhead", "--adjust-every", "often"])

@@ -506,11 +506,21 @@ def _run_costs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.overhead:
         from lightning_hetero.bench.overhead import measure_overhead, overhead_table
 
+        every, options, baseline = args.adjust_every, None, None
+        names = ("DDPStrategy", "HeteroStrategy")
+        if every != "epoch":  # re-planning every N steps against once an epoch
+            if not every.isdigit() or int(every) < 1:
+                parser.error(f"--adjust-every must be 'epoch' or an integer >= 1, got {every!r}")
+            options, baseline = {"adjust_every": int(every)}, {"adjust_every": "epoch"}
+            names = ('adjust_every="epoch"', f"adjust_every={int(every)}")
         with tqdm(total=2 * args.repeats, desc="overhead", unit="run") as bar:
-            pairs = measure_overhead(args.repeats, args.steps, defaults=True, progress=bar)
+            pairs = measure_overhead(
+                args.repeats, args.steps, defaults=True, progress=bar, options=options,
+                baseline=baseline,
+            )  # fmt: skip
         if args.json:
             args.json.write_text(json.dumps(pairs, indent=1))
-        print(overhead_table(pairs))
+        print(overhead_table(pairs, names))
     elif args.boundary:
         from lightning_hetero.bench.boundary_cost import boundary_table
 

@@ -1,12 +1,18 @@
 """The plugin's own per-step cost: HeteroStrategy against plain DDPStrategy on a tiny model.
 
     python -m lightning_hetero.bench --overhead [--repeats 3] [--steps 400]
+    python -m lightning_hetero.bench --overhead --adjust-every 2 [--repeats 6]
 
 Two gloo ranks train a small MLP on random data with no throttle and a uniform plan, so
 both strategies do the same arithmetic and any difference in step time is the plugin's
 per-step work (its hook, timer and callbacks). Each run records the time between
 consecutive ``on_train_batch_start`` calls on rank 0 and reports the median step after a
 warm-up; runs alternate DDP/Hetero in pairs, and the figure is the ratio within each pair.
+
+With ``--adjust-every N`` the pair is HeteroStrategy(adjust_every=N) against
+HeteroStrategy(adjust_every="epoch") instead: what re-planning every N steps costs over
+re-planning once an epoch (the boundary's all-gather and decision, DESIGN section 6), the two
+alternating in each pair as above.
 """
 
 import json
@@ -104,8 +110,13 @@ def measure_overhead(
     defaults: bool = False,
     options: dict[str, Any] | None = None,
     progress: Any = None,
+    baseline: dict[str, Any] | None = None,
 ) -> list[dict[str, float]]:
-    """Alternated DDP/Hetero pairs; per pair the median step of each and their ratio."""
+    """Alternated DDP/Hetero pairs; per pair the median step of each and their ratio.
+
+    ``baseline``: HeteroStrategy options that replace DDPStrategy in each pair (the ``"ddp"``
+    entry is then that HeteroStrategy's step), e.g. ``{"adjust_every": "epoch"}`` against
+    ``options={"adjust_every": 2}``."""
     from lightning_hetero.bench.run import launch
 
     base = {"steps": steps, "batch_size": batch_size, "width": width, "defaults": defaults}
@@ -116,6 +127,8 @@ def measure_overhead(
             order = ("ddp", "hetero") if repeat % 2 == 0 else ("hetero", "ddp")
             for name in order:
                 config = {**base, "strategy": name, "options": options or {}}
+                if name == "ddp" and baseline is not None:
+                    config = {**config, "strategy": "hetero", "options": baseline}
                 medians[name] = statistics.median(
                     launch(config, Path(tmp), 600, "lightning_hetero.bench.overhead")["step_s"]
                 )
@@ -126,8 +139,12 @@ def measure_overhead(
     return pairs
 
 
-def overhead_table(pairs: Sequence[dict[str, float]]) -> str:
-    """Markdown: min / median / max over pairs of each strategy's median step and the ratio."""
+def overhead_table(
+    pairs: Sequence[dict[str, float]],
+    names: tuple[str, str] = ("DDPStrategy", "HeteroStrategy"),
+) -> str:
+    """Markdown: min / median / max over pairs of each strategy's median step and the ratio
+    (``names``: the baseline's and the candidate's column names)."""
 
     from lightning_hetero.bench._format import spread
 
@@ -136,7 +153,7 @@ def overhead_table(pairs: Sequence[dict[str, float]]) -> str:
 
     return "\n".join(
         [
-            "| DDPStrategy step (ms) | HeteroStrategy step (ms) | Hetero / DDP |",
+            f"| {names[0]} step (ms) | {names[1]} step (ms) | ratio |",
             "|---|---|---|",
             f"| {cell('ddp', 1e3, '.3f')} | {cell('hetero', 1e3, '.3f')}"
             f" | {cell('ratio', 1, '.3f')} |",
