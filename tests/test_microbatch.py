@@ -391,6 +391,44 @@ def test_one_rank_runs_lightnings_accumulation_as_it_is(tmp_path, monkeypatch, m
         assert seen["hetero"][1] == [(i + 1) // 4 for i in range(24)]
 
 
+class _NormedRecorded(_Recorded):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Sequential(torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 2))
+
+
+def test_stochastic_weight_averagings_batch_norm_epoch_runs_no_backward_in_any_micro_batch(
+    tmp_path,
+):
+    """SWA's last epoch only recomputes the batch-norm statistics (Lightning skips the
+    backward): the step's other micro-batches skip theirs too, so no gradient moves the
+    averaged weights, as under Lightning's own accumulation."""
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    models = {}
+    for name, strategy in (("plain", "auto"), ("hetero", HeteroStrategy(shuffle=False))):
+        torch.manual_seed(0)
+        trainer = pl.Trainer(
+            strategy=strategy,
+            accelerator="cpu",
+            devices=1,
+            accumulate_grad_batches=4,
+            max_epochs=2,
+            limit_val_batches=0,
+            callbacks=[StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1)],
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path / name,
+        )
+        trainer.fit(models.setdefault(name, _NormedRecorded()))
+    assert models["hetero"].seen == [4] * 72  # 24 loader batches x 3 epochs, the last SWA's
+    for mine, theirs in zip(
+        models["hetero"].state_dict().values(), models["plain"].state_dict().values()
+    ):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(
     "options",
     [

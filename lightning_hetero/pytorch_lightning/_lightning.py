@@ -48,6 +48,7 @@ __all__ = [
     "name_unused_parameters_fix",
     "request_train_reload",
     "running_hook",
+    "skips_backward",
     "set_logged_batch",
     "step_checkpoints",
     "set_loop_counts",
@@ -76,6 +77,7 @@ PRIVATE_ATTRIBUTES = (
     ("fit_loop", "max_batches"),
     ("checkpoint_callback", "_every_n_train_steps"),
     ("checkpoint_callback", "_train_time_interval"),
+    ("fit_loop", "_skip_backward"),
 )
 #: Private functions of Lightning used here (``module``, ``name``).
 PRIVATE_FUNCTIONS = (
@@ -399,6 +401,12 @@ def set_logged_batch(trainer: "pl.Trainer", batch: object) -> None:
     if results is not None:
         results.batch = batch
         results.batch_size = None
+
+
+def skips_backward(trainer: "pl.Trainer") -> bool:
+    """Whether Lightning's loop runs training steps without their backward now (the
+    ``StochasticWeightAveraging`` callback's batch-norm epoch)."""
+    return bool(trainer.fit_loop._skip_backward)
 
 
 @contextmanager

@@ -36,6 +36,7 @@ from lightning_hetero.pytorch_lightning._lightning import (
     set_logged_batch,
     set_loop_counts,
     set_validation_steps,
+    skips_backward,
 )
 from lightning_hetero.planning.split import is_count
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
@@ -695,6 +696,13 @@ class MicroBatches:
         loss = output.get("loss") if isinstance(output, Mapping) else output
         if isinstance(loss, torch.Tensor):  # else the step's loss stays Lightning's
             self._losses.append((loss.detach(), sizes[0]))
+        if skips_backward(self.strategy.lightning_module.trainer):
+            # no backward will follow to run the others (SWA's batch-norm epoch): now
+            try:
+                self.run_rest(None)
+            except BaseException as error:
+                self.abort(error)
+                raise
         return output
 
     def _step(
@@ -730,14 +738,16 @@ class MicroBatches:
             return  # a step run as one batch, or a backward of the rest itself
         strategy = self.strategy
         module = strategy.lightning_module
+        backward = not skips_backward(module.trainer)  # as Lightning's loop runs the first
         for index, (batch, samples, other, kwargs) in enumerate(rest):
             last = index == len(rest) - 1
             with running_hook(module, "training_step"):
                 output = self._step(batch, samples, other, kwargs, last=last)
             loss = step_loss(output)
             self._losses.append((loss.detach(), samples))
-            with running_hook(module, "backward"):
-                strategy.backward(loss, optimizer)
+            if backward:
+                with running_hook(module, "backward"):
+                    strategy.backward(loss, optimizer)
         if len(self._losses) == len(rest) + 1:  # the first's too: the step's loss
             total = sum(samples for _, samples in self._losses)
             self._step_loss = sum(loss * (n / total) for loss, n in self._losses)
