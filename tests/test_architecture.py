@@ -218,3 +218,77 @@ def test_both_strategies_have_the_same_shape_a_lightning_strategy_under_our_two_
     assert own(HeteroStrategy) == [HeteroStrategy, SameCopy, HeteroEngine]
     assert HeteroFSDPStrategy.__bases__[-1] is ModelParallelStrategy
     assert HeteroStrategy.__bases__[-1] is DDPStrategy
+
+
+# ---------------------------------------------------------------- modes as composed parts
+@pytest.mark.parametrize("module", ["strategy", "engine", "fsdp", "callback", "replan"])
+def test_the_engine_reads_no_mode_attribute_by_getattr(module: str) -> None:
+    # a mode's parts (server, merger, merges, dual plan) are typed attributes of `Mode`
+    tree = ast.parse((ROOT / f"{module}.py").read_text(encoding="utf-8"))
+    problems = [
+        f"line {node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+        and node.args
+        and "mode" in ast.unparse(node.args[0])
+    ]
+    assert not problems, f"{module}.py reads the mode by name: {problems}"
+
+
+def test_the_modes_test_no_mode_names() -> None:
+    # what differs between modes is in their parts and option groups, not `name` tests
+    problems = []
+    for path in sorted((ROOT / "modes").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            if not all(isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)) for op in node.ops):
+                continue
+            operands = [node.left, *node.comparators]
+            names = [o for o in operands if isinstance(o, ast.Attribute) and o.attr == "name"]
+            constants = {o.value for o in operands if isinstance(o, ast.Constant)} & set(MODES)
+            if names or constants:
+                problems.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not problems, problems
+
+
+def test_a_mode_option_is_one_field_that_the_strategies_pick() -> None:
+    """A new mode option is its field (in its part's group), its check and its use: the
+    strategies neither list nor copy it one by one."""
+    import dataclasses
+    import typing
+
+    from lightning_hetero.engine import MODE_OPTIONS
+    from lightning_hetero.modes import OPTION_GROUPS, ModeOptions
+
+    names = [f.name for group in OPTION_GROUPS for f in dataclasses.fields(group)]
+    assert len(names) == len(set(names)), "an option in two groups"
+    assert set(names) <= set(MODE_OPTIONS)
+    for cls in [*MODES.values(), *VARIANTS.values()]:
+        assert set(cls.option_groups) <= set(OPTION_GROUPS), cls.__name__
+    # the public declaration: HeteroStrategy's keyword, default, type and docstring
+    parameters = inspect.signature(HeteroStrategy.__init__).parameters
+    hints = typing.get_type_hints(HeteroStrategy.__init__)
+    own = typing.get_type_hints(ModeOptions)
+    docs = (ROOT.parent / "docs" / "options.md").read_text(encoding="utf-8")
+    for option in dataclasses.fields(ModeOptions):
+        name = option.name
+        parameter = parameters[name]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert parameter.default == option.default and hints[name] == own[name], name
+        assert re.search(rf"^        {name}:", HeteroStrategy.__doc__ or "", re.M), name
+        assert f"| `{name}` |" in docs, name
+    # and nothing else names them: no hand-written list, copy or keyword per option
+    for module in ("strategy", "fsdp", "engine"):
+        tree = ast.parse((ROOT / f"{module}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            listed = isinstance(node, ast.Constant) and node.value in MODE_OPTIONS
+            passed = isinstance(node, ast.keyword) and node.arg in MODE_OPTIONS
+            copied = (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and node.attr in MODE_OPTIONS
+            )
+            assert not (listed or passed or copied), f"{module}.py: {ast.unparse(node)}"

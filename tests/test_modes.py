@@ -6,6 +6,7 @@ sample is drawn once per epoch, each step's share is its batch, boundaries are r
 and checkpointed, and teardown releases what the mode brought up.
 """
 
+import dataclasses
 import inspect
 import math
 
@@ -16,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero import HeteroCallback, HeteroFSDPStrategy, HeteroStrategy
 from lightning_hetero.fsdp import FSDP_MODES
-from lightning_hetero.modes import MODES, VARIANTS, Mode, ModeOptions, build_mode
+from lightning_hetero.modes import MODES, OPTION_GROUPS, VARIANTS, Mode, ModeOptions, build_mode
 from lightning_hetero.planning.registry import CONTROLLERS
 
 N_SAMPLES = 50
@@ -52,8 +53,8 @@ def test_the_mode_is_built_from_its_registry_entry(case) -> None:
     assert mode.default_controller in CONTROLLERS
     for flag in ("steps_together", "even_steps", "wraps_model", "replans_within_epoch"):
         assert isinstance(getattr(mode, flag), bool), flag
-    assert mode.sampler is None  # and no merge or server yet, in the modes that have them
-    assert getattr(mode, "merges", []) == [] and getattr(mode, "server", None) is None
+    assert mode.sampler is None  # and no part at work yet: every mode has the slots
+    assert mode.merges == [] and mode.server is None and mode.merger is None
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -79,6 +80,38 @@ def test_options_the_mode_cannot_honour_are_refused(case) -> None:
         _build(*case, adjust_every=2)
     with pytest.raises(ValueError, match="gamma"):
         _build(*case, gamma=1.0)
+
+
+#: A valid value other than the default for each part's option (a new option gets one here).
+_SET = {
+    "lookahead": False,
+    "rpc_timeout": 30.0,
+    "megabatch_size": 64,
+    "delta": 0.2,
+    "perturb_threshold": 0.2,
+    "gamma": 0.5,
+    "local_steps": "equal",
+    "outer_lr": 0.5,
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize(
+    ("group", "option"),
+    [(group, f.name) for group in OPTION_GROUPS for f in dataclasses.fields(group)],
+    ids=lambda value: getattr(value, "__name__", value),
+)
+def test_an_option_of_a_part_the_mode_lacks_is_refused_naming_it(case, group, option) -> None:
+    # e.g. outer_lr or gamma outside mode="local" (silently ignored before)
+    cls = type(_build(*case))
+    if case[0] is HeteroFSDPStrategy:  # HeteroFSDPStrategy does not take them at all
+        with pytest.raises(TypeError, match=f"'{option}'"):
+            case[0](**{option: _SET[option]})
+    if group in cls.option_groups:
+        _build(*case, **{option: _SET[option]})
+    else:
+        with pytest.raises(ValueError, match=f"`{option}` is an option of the {group.part}"):
+            _build(*case, **{option: _SET[option]})
 
 
 class _Recorder(pl.Callback):
