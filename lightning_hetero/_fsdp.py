@@ -117,6 +117,7 @@ clock the outermost call keeps all of it.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -127,6 +128,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 
 __all__ = [
@@ -520,7 +522,13 @@ class CollectiveWaitMeter:
         self._grads_ready_at: float | None = None
 
     def _warn(self, message: str) -> None:
-        warnings.warn(f"CollectiveWaitMeter: {message}", FSDPWaitMeterWarning, stacklevel=3)
+        # one message per job: every rank meets the same FSDP2 internals, so rank 0 warns
+        # and the others log it (at INFO, under this module's logger)
+        text = f"CollectiveWaitMeter: {message}"
+        if getattr(rank_zero_only, "rank", 0) == 0:
+            warnings.warn(text, FSDPWaitMeterWarning, stacklevel=3)
+        else:
+            logging.getLogger(__name__).info("rank %d: %s", rank_zero_only.rank, text)
 
     def _choose_clock(self, groups: Iterable[Any]) -> None:
         if self.clock == "host":

@@ -3,7 +3,6 @@ memory and host readings controllers see at each boundary."""
 
 import math
 import os
-import warnings
 from pathlib import Path
 
 import psutil
@@ -100,30 +99,36 @@ def flops_or_nan(device: torch.device) -> float:
     The caller falls back to cores for *all* ranks when any rank has no FLOPs figure:
     mixing FLOPs and cores in one split would be meaningless.
     """
+    return _flops_reading(device)[0]
+
+
+def _flops_reading(device: torch.device) -> tuple[float, str]:
+    """``flops_or_nan`` and why it is NaN (``""`` where it is not)."""
     if device.type != "cuda":
-        return float("nan")
+        return float("nan"), f"{device} is not a CUDA device"
     try:
-        return gpu_flops(device)
+        return gpu_flops(device), ""
     except Exception as err:  # NVML missing, no permission, old driver
-        warnings.warn(f"Could not read the GPU through NVML: {err}", stacklevel=2)
-        return float("nan")
+        return float("nan"), f"could not read the GPU through NVML: {err}"
 
 
 def gather_capacities(kind: str, device: torch.device, comm: Collectives) -> list[float]:
     """Every rank's capacity for the initial plan ``batch_sizes=kind``, in rank order.
 
     ``"cores"``: the CPU cores each rank's process may use; ``"flops"``: each rank's GPU SMs
-    times clock, or the cores (with a warning) when some rank has no such reading.
+    times clock, or the cores (with one warning, from rank 0, with its own reason) when some
+    rank has no such reading.
     """
-    local = [available_cores(), flops_or_nan(device) if kind == "flops" else 0.0]
-    rows = comm.gather_rows(local)
+    flops, why = _flops_reading(device) if kind == "flops" else (0.0, "")
+    rows = comm.gather_rows([available_cores(), flops])
     if kind == "flops":
-        flops = [row[1] for row in rows]
-        if all(math.isfinite(f) and f > 0 for f in flops):
-            return flops
+        flops_per_rank = [row[1] for row in rows]
+        if all(math.isfinite(f) and f > 0 for f in flops_per_rank):
+            return flops_per_rank
+        reason = f" (rank 0: {why})" if why else ""
         rank_zero_warn(
             "batch_sizes='flops' needs every rank on a CUDA device readable through NVML;"
-            f" got {flops}. Using CPU cores instead."
+            f" got {flops_per_rank}{reason}. Using CPU cores instead."
         )
     return [row[0] for row in rows]
 

@@ -1,6 +1,7 @@
 """CollectiveWaitMeter on stand-ins for FSDP2's parameter groups (no process group needed)."""
 
 import time
+import warnings
 
 import pytest
 import torch
@@ -82,6 +83,17 @@ def test_a_module_without_fsdp_state_warns_and_measures_no_wait():
     with pytest.warns(FSDPWaitMeterWarning):
         meter = CollectiveWaitMeter(clock="host").install(nn.Linear(2, 2))
     assert meter.take() == 0.0
+
+
+def test_the_meters_warning_is_rank_0s_and_the_other_ranks_log_it(monkeypatch, caplog):
+    """One message per job: the same warning on every rank would print once per rank."""
+    from lightning_utilities.core.rank_zero import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", 1, raising=False)
+    with caplog.at_level("INFO", logger="lightning_hetero._fsdp"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning on rank 1 would raise here
+        CollectiveWaitMeter(clock="host").install(nn.Linear(2, 2))
+    assert "rank 1: CollectiveWaitMeter: Linear has no FSDP2 parameter groups" in caplog.text
 
 
 # ------------------------------------------------ every collective site, on 2 gloo ranks

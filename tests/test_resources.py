@@ -107,3 +107,26 @@ def test_resource_meter_sees_the_cuda_peak_since_the_last_reading():
     used, _, _ = meter.read()  # the peak since the last reading holds the block
     after, _, _ = meter.read()  # the peak was reset by the previous reading
     assert used - after > 0.08
+
+
+def test_an_nvml_failure_is_one_warning_per_job_with_rank_0s_reason(monkeypatch, recwarn):
+    """``batch_sizes="flops"`` where NVML fails: no warning on every rank, one from rank 0
+    that says why and that cores are used."""
+
+    def fail(device):
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    class Comm:
+        def gather_rows(self, local):
+            return [local, [4.0, float("nan")]]
+
+    monkeypatch.setattr(resources, "gpu_flops", fail)
+    monkeypatch.setattr(resources, "available_cores", lambda: 2.0)
+    got = resources.gather_capacities("flops", torch.device("cuda", 0), Comm())
+    assert got == [2.0, 4.0]
+    messages = [str(w.message) for w in recwarn.list]
+    assert len(messages) == 1
+    assert (
+        "rank 0: could not read the GPU through NVML: NVML Shared Library Not Found" in messages[0]
+    )
+    assert "Using CPU cores instead" in messages[0]
