@@ -47,7 +47,10 @@ def destroy_at_exit() -> None:
 
 
 def add_note(error: BaseException, note: str) -> None:
-    """Attach ``note`` to ``error``'s message (``add_note`` where Python has it)."""
+    """Attach ``note`` to ``error``'s message (``add_note`` where Python has it), once: an
+    error passing through nested calls (a recursion, say) gets it one time."""
+    if note in getattr(error, "__notes__", ()) or (error.args and note in str(error.args[0])):
+        return
     if hasattr(error, "add_note"):
         error.add_note(note)
     else:  # Python 3.10

@@ -565,3 +565,16 @@ def test_a_fixed_plan_the_user_chose_is_kept_without_a_note(caplog):
     assert host.plan_state.batch_sizes == [8, 8]
     assert replanner.history[-1]["balance"] < 0.9  # unbalanced, as in the note's test above
     assert not [r for r in caplog.records if "keeping the plan" in r.getMessage()]
+
+
+def test_a_note_is_attached_once_however_many_calls_the_error_passes_through():
+    """An error that passes through the same wrapper many times (a recursion in a user's
+    mock of ``backward``) says what failed once, not once per level."""
+    from lightning_hetero.collectives import add_note
+
+    error = RecursionError("maximum recursion depth exceeded")
+    for _ in range(3):
+        add_note(error, "hetero: backward with its gradient all-reduce failed on rank 0.")
+    assert getattr(error, "__notes__", [""]) == [
+        "hetero: backward with its gradient all-reduce failed on rank 0."
+    ]
