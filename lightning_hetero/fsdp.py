@@ -19,7 +19,7 @@ from lightning_hetero._lightning import model_parallel_setup
 from lightning_hetero._namespaces import SameCopy
 from lightning_hetero._options import keywords, refuse_unknown
 from lightning_hetero.engine import MODE_OPTIONS, HeteroEngine, HeteroOptions, hetero_parts
-from lightning_hetero.microbatch import MicroBatches
+from lightning_hetero.microbatch import COLLECTIVES, MicroBatches
 from lightning_hetero.modes import ModeOptions, ShardedMode
 from lightning_hetero.planning import Controller
 
@@ -35,9 +35,15 @@ class _ShardedMicroBatches(MicroBatches):
     """``HeteroFSDPStrategy``'s micro-batches: FSDP decides in the forward (reshard after
     it?) and in the backward (reduce-scatter, reshard after it?), so its switches stay held
     from a step's first micro-batch to its last (``UnshardedAccumulation``). Its all-gathers
-    go through ``torch.distributed``: no collective is refused in its micro-batches."""
+    and reduce-scatters go through ``torch.distributed`` (``all_gather_single`` and
+    ``reduce_scatter_single``, or on older torch ``all_gather_into_tensor`` and
+    ``reduce_scatter_tensor``): all other collectives are refused as under DDP."""
 
-    refuses_collectives = False
+    refused = tuple(
+        name
+        for name in COLLECTIVES
+        if name not in ("all_gather_into_tensor", "reduce_scatter_tensor", "barrier")
+    )
 
     def __init__(self, strategy: Any) -> None:
         super().__init__(strategy)

@@ -46,6 +46,7 @@ __all__ = [
     "micro_bounds",
     "micro_sizes",
     "note_collective_in_micro_batch",
+    "COLLECTIVES",
     "own_collectives",
     "refused_collectives",
     "FirstSamples",
@@ -321,7 +322,7 @@ def _gather_all_tensors() -> Callable[..., Any]:
 
 
 #: ``torch.distributed``'s collectives, refused while a micro-batch before a rank's last runs.
-_COLLECTIVES = (
+COLLECTIVES = (
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather",
     "gather_object", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
@@ -354,11 +355,14 @@ def _as_own(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @contextmanager
-def refused_collectives(counts: Sequence[int] | None = None) -> Iterator[None]:
+def refused_collectives(
+    counts: Sequence[int] | None = None, names: Sequence[str] = COLLECTIVES
+) -> Iterator[None]:
     """While a micro-batch before this rank's last of a step runs (its ``training_step`` and
     backward), or any training step of a step whose ranks run different numbers of
     micro-batches (``counts``, one per rank): a collective of ``torch.distributed`` raises an
-    error that names it, unless the strategy makes it (``own_collectives``).
+    error that names it, unless the strategy makes it (``own_collectives``). ``names``: the
+    functions refused (all of ``COLLECTIVES`` by default).
 
     Ranks run different numbers of micro-batches, so a collective in each would pair with
     nothing on the other ranks (gloo aborts the process, NCCL hangs). With ``counts`` every
@@ -368,7 +372,7 @@ def refused_collectives(counts: Sequence[int] | None = None) -> Iterator[None]:
     """
     import torch.distributed as dist
 
-    saved = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+    saved = {name: getattr(dist, name) for name in names if hasattr(dist, name)}
     where = (
         f"inside a training step whose ranks run different numbers of micro-batches"
         f" ({list(counts)} this step)"
@@ -441,10 +445,11 @@ class MicroBatches:
     ``failed`` (``HeteroFSDPStrategy``: FSDP2's switches, ``UnshardedAccumulation``).
     """
 
-    #: A collective of ``torch.distributed`` in a micro-batch before the rank's last raises
-    #: an error naming it (``refused_collectives``); ``False`` where the micro-batches' own
-    #: communication goes through those functions (FSDP2's all-gathers).
-    refuses_collectives: ClassVar[bool] = True
+    #: The collectives of ``torch.distributed`` that raise an error naming them in a
+    #: micro-batch before the rank's last, or in any training step of a step whose ranks run
+    #: different counts (``refused_collectives``): all but those the micro-batches' own
+    #: communication goes through (FSDP2's all-gathers and reduce-scatters).
+    refused: ClassVar[tuple[str, ...]] = COLLECTIVES
     #: Take Lightning's accumulation over at world size 1 too (one rank has no shares to
     #: balance, so by default Lightning's accumulation runs there as it is; tests turn it on
     #: to run the take-over in one process).
@@ -642,7 +647,7 @@ class MicroBatches:
         module = strategy.lightning_module
         if (
             bounds is None
-            or not self.refuses_collectives
+            or not self.refused
             or not isinstance(sampler, GlobalBatchSampler)
             or not (module.trainer.training and module.automatic_optimization)
         ):
@@ -663,7 +668,8 @@ class MicroBatches:
         if self.uneven is None:
             yield
             return
-        with refused_collectives(self.uneven), local_metric_syncs(module, False, allowed=True):
+        refused = refused_collectives(self.uneven, self.refused)
+        with refused, local_metric_syncs(module, False, allowed=True):
             yield
 
     def sizes(self) -> list[int] | None:
@@ -723,8 +729,10 @@ class MicroBatches:
 
     def guarded(self) -> AbstractContextManager[Any]:
         """Around a micro-batch's training step or backward: ``refused_collectives`` before
-        the rank's last micro-batch of the step (where the strategy ``refuses_collectives``)."""
-        return refused_collectives() if self.local and self.refuses_collectives else nullcontext()
+        the rank's last micro-batch of the step (those the strategy ``refused``)."""
+        if self.local and self.refused:
+            return refused_collectives(names=self.refused)
+        return nullcontext()
 
     def run_rest(self, optimizer: Any) -> None:
         """The forward and backward of each of the step's micro-batches after its first, once

@@ -784,3 +784,16 @@ def test_auto_bounds_of_a_batch_norm_model_probe_no_batch_of_one(tmp_path):
     trainer.fit(model)
     assert [size for size, _ in strategy.memory_probe["samples"]] == [2, 4]  # not 1, 2, 4
     assert min(model.seen) >= 2 and model.seen[-2:] == [4, 4]  # the probe's steps, then 2
+
+
+def test_fsdp_micro_batches_refuse_every_collective_but_fsdps_own():
+    """Under ``HeteroFSDPStrategy`` a user's own collective in a micro-batched step is refused
+    as under DDP; FSDP2's all-gathers and reduce-scatters (older torch's names included)
+    still run."""
+    from lightning_hetero.fsdp import _ShardedMicroBatches
+    from lightning_hetero.microbatch import COLLECTIVES
+
+    refused = set(_ShardedMicroBatches.refused)
+    assert {"all_reduce", "broadcast", "all_gather", "all_to_all"} <= refused
+    assert not refused & {"all_gather_into_tensor", "reduce_scatter_tensor"}
+    assert refused < set(COLLECTIVES) == set(MicroBatches.refused)

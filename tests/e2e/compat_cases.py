@@ -174,6 +174,8 @@ FSDP = (
     "clipping",
     "accumulation_scheduler",
     "batchnorm",
+    "optimizer_step",
+    "all_reduce",
 )
 
 PARTIAL = (
@@ -259,7 +261,8 @@ CASES: tuple[Case, ...] = tuple(
             {
                 "accumulation_scheduler": "refused: would accumulate several such steps again, by"
                 " epoch. Remove the callback and plan each epoch's optimizer step as one global"
-                " batch"
+                " batch",
+                "all_reduce": ALL_REDUCE,
             },
         ),
     ]
