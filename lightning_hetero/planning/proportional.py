@@ -38,6 +38,11 @@ _READINGS_PER_SIZE = 8
 _SIZES_KEPT = 16
 #: Standard errors of the speed ratio at which a boundary confirms the probe before it.
 _CONFIRM_Z = 1.0
+#: How much a rank's batch must differ between two boundaries (relative to the larger size)
+#: before their step times give its fixed per-step cost, and in how many standard errors
+#: that cost must be positive to count.
+_FIT_SPREAD = 0.25
+_FIT_Z = 2.0
 
 
 def _count_down(bounds: list[int | None], expires: list[int | None], relearn_after: int) -> None:
@@ -332,6 +337,15 @@ class ProportionalController(LearnedMaximum, Controller):
             re-tested (and the most a candidate maximum waits for confirmation), an integer
             ``>= 1``.
         learn_floor: apply the learned-floor rule.
+        jump_z: standard errors of evidence at which a move is made in full; below it the
+            plan probes (see ``_sized_by_evidence``).
+        probe_step: the fraction of each rank's batch a probe moves, in ``(0, 1]``.
+        fixed_costs: fit a fixed per-step cost to a rank whose batch shrank by a quarter or
+            more since the last boundary (from the two boundaries' times, when it is beyond
+            their noise) and aim at equal step times on those lines. Without it a slow rank
+            whose steps pay a fixed cost is moved only part of the way at each boundary
+            (it looks faster per sample as its batch shrinks) and rounding can hold it a
+            sample or two above its best batch. The fixed point is the same either way.
 
     Attributes:
         learned_min: per rank, the minimum a learned floor sets, or ``None``.
@@ -340,6 +354,8 @@ class ProportionalController(LearnedMaximum, Controller):
         floor_candidates: per rank, ``None`` or the floor waiting for confirmation:
             ``size`` and ``time_s`` (the size before the shrink and its step time) and
             ``waited`` (boundaries it has waited).
+        fixed_s: per rank, the fixed per-step cost (seconds) the last update planned with
+            (0: none fitted).
 
     Example:
         >>> from lightning_hetero.planning import BatchLimits
@@ -365,6 +381,7 @@ class ProportionalController(LearnedMaximum, Controller):
         learn_floor: bool = False,
         jump_z: float = 10.0,
         probe_step: float = 0.1,
+        fixed_costs: bool = True,
     ) -> None:
         if not jump_z >= 0.0:
             raise ValueError(f"`jump_z` must be >= 0, got {jump_z}.")
@@ -383,6 +400,9 @@ class ProportionalController(LearnedMaximum, Controller):
         self.renormalization = renormalization
         self.learn_floor = learn_floor
         self.jump_z, self.probe_step = float(jump_z), float(probe_step)
+        self.fixed_costs = fixed_costs
+        #: Per rank, the fixed per-step cost (s) the last two boundaries measured (0: none).
+        self.fixed_s: list[float] = []
         #: The direction (per rank: -1, 0, 1) of the last unconfirmed move, if any.
         self.probing: list[int] | None = None
         #: Per-sample times and their relative variances measured before that move.
@@ -403,13 +423,20 @@ class ProportionalController(LearnedMaximum, Controller):
         throughput = list(map(truediv, current, compute_s))
         before = (self.last_batch_sizes, self.last_throughput)
         noise = [r.compute_se / t for r, t in zip(readings, compute_s)]
+        last_noise = self._noise  # the last boundary's, until `_upper_bounds` records these
         upper = self._upper_bounds(current, throughput, limits, noise)
         lower = self._lower_bounds(current, compute_s, before, limits, upper)
 
+        held, self.fixed_s = self.fixed_s, [0.0] * len(current)
         if self.renormalization == "omnilearn":
             target = _omnilearn_split(current, compute_s, limits.global_batch_size, lower, upper)
         else:
-            target = proportional_split(throughput, limits.global_batch_size, lower, upper)
+            if self.fixed_costs:
+                fitted = _fixed_costs(current, compute_s, noise, before, last_noise)
+                self.fixed_s = _carried(fitted, held, current, compute_s, before[0])
+            target = _affine_split(
+                current, compute_s, self.fixed_s, limits.global_batch_size, lower, upper
+            )
         out_of_bounds = not (all(map(le, lower, current)) and all(map(le, current, upper)))
         band = noise_deadband(self.deadband, compute_s, readings)
         # some rank moves by more than the dead-band: |new - old| > band * old
@@ -420,7 +447,7 @@ class ProportionalController(LearnedMaximum, Controller):
             return target
         # a probe is confirmed by a boundary that asks the same way beyond its noise, though
         # the dead-band (the gain in step time) would not act on it alone
-        confirming = self.probing == _direction(current, target) and (
+        confirming = _agrees(self.probing, current, target) and (
             _evidence_z(current, target, compute_s, readings) >= _CONFIRM_Z
         )
         if not (significant or confirming):  # a probe waits for a boundary that asks again
@@ -455,9 +482,12 @@ class ProportionalController(LearnedMaximum, Controller):
         self._probe_evidence = None
         if _evidence_z(current, target, compute_s, readings) >= self.jump_z:
             return target
-        if before == direction and evidence is not None:
+        if _agrees(before, current, target) and evidence is not None:
             speeds = _pooled_speeds(evidence, (per_sample, variance))
-            return proportional_split(speeds, limits.global_batch_size, lower, upper)
+            pooled_s = [b / x for b, x in zip(current, speeds)]
+            return _affine_split(
+                current, pooled_s, self.fixed_s, limits.global_batch_size, lower, upper
+            )
         self.probing = direction
         self._probe_evidence = (per_sample, variance)
         reach = max(abs(t - b) / b for t, b in zip(target, current) if b > 0)
@@ -544,6 +574,7 @@ class ProportionalController(LearnedMaximum, Controller):
             "floor_expires_in": list(self.floor_expires_in),
             "floor_candidates": [None if c is None else dict(c) for c in self.floor_candidates],
             "probing": None if self.probing is None else list(self.probing),
+            "fixed_s": list(self.fixed_s),
             "probe_evidence": None
             if self._probe_evidence is None
             else [list(part) for part in self._probe_evidence],
@@ -557,6 +588,7 @@ class ProportionalController(LearnedMaximum, Controller):
         self.floor_candidates = [None if c is None else dict(c) for c in candidates]
         probing = state.get("probing")
         self.probing = None if probing is None else list(probing)
+        self.fixed_s = [float(a) for a in state.get("fixed_s", [])]  # none before issue 43
         evidence = state.get("probe_evidence")
         self._probe_evidence = None if evidence is None else (list(evidence[0]), list(evidence[1]))
 
@@ -564,6 +596,20 @@ class ProportionalController(LearnedMaximum, Controller):
 def _direction(current: list[int], target: list[int]) -> list[int]:
     """Per rank, whether ``target`` grows (1), keeps (0) or shrinks (-1) its batch."""
     return [(t > b) - (t < b) for t, b in zip(target, current)]
+
+
+def _agrees(probing: list[int] | None, current: list[int], target: list[int]) -> bool:
+    """The move to ``target`` asks the way the probe went: the rank it moves most
+    (relative to its batch) moves as the probe moved it, and no rank moves against the
+    probe by more than one sample (a probe's one-sample moves of large batches are
+    rounding, which the next boundary may undo; on two ranks both move, and the main
+    rank's direction decides)."""
+    if probing is None or len(probing) != len(current) or target == current:
+        return False
+    main = max(range(len(current)), key=lambda k: abs(target[k] - current[k]) / current[k])
+    if probing[main] != _direction(current, target)[main]:
+        return False
+    return all(d == 0 or (t - b) * d >= -1 for d, t, b in zip(probing, target, current))
 
 
 def _evidence_z(
@@ -582,6 +628,93 @@ def _evidence_z(
     spread = math.hypot(*errors)
     ratio = compute_s[lose] / compute_s[gain]
     return math.inf if spread == 0 else abs(math.log(ratio)) / spread
+
+
+def _fixed_costs(
+    current: list[int],
+    compute_s: list[float],
+    noise: list[float],
+    before: tuple[list[int], list[float]],
+    last_noise: list[float],
+) -> list[float]:
+    """Per rank, the fixed per-step cost that the line through its last two boundaries'
+    ``(b, t)`` shows, or 0.
+
+    A rank's step time is ``a + c * b``; proportional control takes ``a = 0``, so from a
+    rank whose steps pay a fixed cost it moves only part of the way to equal times at each
+    boundary (the slow rank looks faster per sample as its batch shrinks) and integer
+    rounding can stop it short. Where the rank's batch shrank by at least ``_FIT_SPREAD``
+    since the last boundary (``before``: its sizes and throughputs), the two readings give
+    ``a``; it counts only when it is positive by ``_FIT_Z`` standard errors (from each
+    reading's relative noise), so equal ranks moved a little by noise, and linear ranks,
+    keep ``a = 0``. A rank that grew keeps ``a = 0``: a line through a flat part of its
+    curve (a device not yet full) would promise it far more samples than it can take. Only
+    the last boundary counts: an older reading may predate a change of speed.
+    """
+    last, last_throughput = before
+    fixed = [0.0] * len(current)
+    if len(last) != len(current) or len(last_throughput) != len(current):
+        return fixed
+    for k, (b, t, old, x_old) in enumerate(zip(current, compute_s, last, last_throughput)):
+        if b > (1.0 - _FIT_SPREAD) * old or not (x_old > 0 and math.isfinite(x_old)):
+            continue  # not shrunk enough to tell
+        t_old = old / x_old
+        slope = (t - t_old) / (b - old)
+        if not slope > 0:
+            continue  # slower at fewer samples: another load, not a fixed cost
+        now_se, old_se = (
+            e[k] * x if k < len(e) and math.isfinite(e[k]) else 0.0
+            for e, x in ((noise, t), (last_noise, t_old))
+        )
+        intercept = (t_old * b - t * old) / (b - old)
+        intercept_se = math.hypot(old * now_se, b * old_se) / (old - b)
+        if intercept > _FIT_Z * intercept_se:
+            fixed[k] = intercept  # below both readings: the slope is positive
+    return fixed
+
+
+def _carried(
+    fitted: list[float],
+    held: list[float],
+    current: list[int],
+    compute_s: list[float],
+    last: list[int],
+) -> list[float]:
+    """``fitted``, where a rank without a fit of its own keeps the fixed cost of the last
+    boundary while its batch goes on shrinking (a probe toward the plan that cost asked
+    for, too small a step for a fit of its own) and the cost stays below its step time; a
+    rank that holds its batch or grows drops it."""
+    if len(held) != len(current) or len(last) != len(current):
+        return fitted
+    return [
+        a if a > 0 or not (0 < old_a < t and b < old) else old_a
+        for a, old_a, t, b, old in zip(fitted, held, compute_s, current, last)
+    ]
+
+
+def _affine_split(
+    current: list[int],
+    compute_s: list[float],
+    fixed_s: list[float],
+    total: int,
+    lower: Sequence[int],
+    upper: Sequence[int],
+) -> list[int]:
+    """The integer plan at which every rank's line ``t_k(b) = a_k + c_k * b`` through its
+    reading ``(current[k], compute_s[k])`` with fixed cost ``a_k = fixed_s[k]`` gives equal
+    times (within the bounds); with no fixed cost, the proportional split of ``b_k / t_k``.
+    """
+    if not any(fixed_s):
+        return proportional_split(list(map(truediv, current, compute_s)), total, lower, upper)
+    slopes = [(t - a) / b for t, a, b in zip(compute_s, fixed_s, current)]
+    weights = [1.0 / c for c in slopes]  # b_k = (T - a_k) / c_k = T * w_k - a_k * w_k
+    offsets = [-a * w for a, w in zip(fixed_s, weights)]
+    level = _fill_level(weights, total, lower, upper, offsets=offsets)
+    if level is None:
+        shares = [float(lo) for lo in lower]
+    else:
+        shares = _clip((c + level * w for c, w in zip(offsets, weights)), lower, upper)
+    return _round_shares(shares, total, lower, upper)
 
 
 def _pooled_speeds(*measured: tuple[list[float], list[float]]) -> list[float]:

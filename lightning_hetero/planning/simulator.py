@@ -242,7 +242,8 @@ class ClusterSimulator:
         def largest(k: int, limit: float) -> int:
             lo, hi = limits.min_batch_size[k], limits.max_batch_size[k]
             if self.workers[k].step_s(lo, speeds[k]) > limit:
-                return -limits.global_batch_size  # this worker's minimum does not fit
+                # this worker's minimum does not fit: no sum of the others' batches makes up
+                return -sum(limits.max_batch_size) - 1
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 if self.workers[k].step_s(mid, speeds[k]) <= limit:

@@ -871,3 +871,62 @@ def test_a_throughput_drop_within_the_noise_binds_no_maximum() -> None:
 def test_bad_evidence_options_are_refused(kwargs) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         ProportionalController(**kwargs)
+
+
+# ---------------------------------------------------------------- fixed per-step costs
+# Issue 43: 4 ranks, 50 ms a step on each (fixed) and 200 ms per 16 samples more on rank 1
+# (a backward straggler), 8 steps between boundaries, as bench.straggler's hetero run.
+def _straggler_workers() -> list[SimulatedWorker]:
+    workers = [SimulatedWorker(0.0005, 0.05) for _ in range(4)]
+    workers[1] = SimulatedWorker(0.0005 + 0.2 / 16, 0.05)
+    return workers
+
+
+def test_a_slow_rank_with_a_fixed_step_cost_gets_its_equal_time_batch_at_the_second_move():
+    limits = BatchLimits.build(4, 64)
+    for fixed_costs, final in ((True, [21, 1, 21, 21]), (False, [21, 2, 21, 20])):
+        ctl = ProportionalController(deadband="auto", fixed_costs=fixed_costs)
+        plan, plans = [16] * 4, []
+        for _ in range(4):
+            times = [w.step_s(b) for w, b in zip(_straggler_workers(), plan)]
+            plans.append(plan)
+            plan = ctl.update(plan, times, limits, _se(0.01, times))
+        # proportional steps alone stop at 2 samples (76 ms a step against 63 at 1)
+        assert plans[1] == [20, 4, 20, 20] and plans[2:] == [final, final], plans
+    assert ctl.fixed_s == [0.0] * 4  # the plan holds: nothing fitted
+
+
+@pytest.mark.parametrize("noise", [0.02, 0.05, 0.1])
+def test_the_backward_straggler_recovers_ninety_percent_of_the_allowed_speedup_by_boundary_3(
+    noise: float,
+) -> None:
+    limits = BatchLimits.build(4, 64)
+    for seed in range(10):
+        sim = ClusterSimulator(_straggler_workers(), noise=noise, seed=seed)
+        ctl = ProportionalController(deadband="auto")
+        result = sim.run(ctl, [16] * 4, limits, 4, 8, guard=StepTimeGuard())
+        best, uniform = sim.optimal_step_s(limits, 0), max(sim.true_step_s([16] * 4, 0))
+        third = max(sim.true_step_s(result.plans[3], 0))
+        assert (uniform / third) / (uniform / best) >= 0.9, (seed, result.plans)
+
+
+def test_a_fixed_cost_is_fitted_only_from_a_shrink_of_a_quarter_beyond_the_noise() -> None:
+    from lightning_hetero.planning.proportional import _fixed_costs
+
+    before = ([16, 16, 16, 16], [16 / 0.258, 16 / 0.08, 16 / 0.16, 16 / 0.1])
+    now = [4, 13, 32, 4]  # shrunk 75%, shrunk 19%, grew, shrunk 75% on a linear rank
+    times = [0.102, 0.07, 0.3, 0.025]
+    fixed = _fixed_costs(now, times, [0.01] * 4, before, [0.01] * 4)
+    assert fixed[0] == pytest.approx(0.05) and fixed[1:] == [0.0, 0.0, 0.0]
+    # the same readings 20% noisy: an intercept within two standard errors is no cost
+    assert _fixed_costs(now, times, [0.2] * 4, before, [0.2] * 4) == [0.0] * 4
+
+
+def test_a_probe_on_four_ranks_is_confirmed_by_its_main_move_despite_one_sample_jitter() -> None:
+    from lightning_hetero.planning.proportional import _agrees
+
+    probe = [0, -1, 1, 1]  # [20, 4, 19, 21] -> [20, 3, 19, 22]
+    assert _agrees(probe, [20, 3, 19, 22], [21, 1, 19, 23])
+    assert not _agrees(probe, [20, 3, 19, 22], [20, 4, 19, 21])  # the main move reversed
+    assert not _agrees(probe, [20, 3, 19, 22], [20, 1, 17, 26])  # rank 2 back by 2 samples
+    assert not _agrees(None, [20, 3, 19, 22], [21, 1, 19, 23])

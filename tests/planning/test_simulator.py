@@ -319,3 +319,12 @@ def test_micro_noise_draws_each_micro_batch_and_hands_the_smoothers_its_parts():
     assert len({round(t / n, 9) for n, t in parts}) == 3  # each its own draw
     assert step > sum(t for _, t in parts)  # loading is the rest
     assert apart.step_timings([4], 0)[0][1] == []  # one micro-batch: no parts
+
+
+def test_the_optimum_is_never_below_a_workers_step_at_its_minimum_batch() -> None:
+    # one worker pays 0.25 s a step whatever its batch; three fast ones could take the whole
+    # global batch several times over (their maxima sum to more than twice it)
+    workers = [SimulatedWorker(0.0005, 0.05)] * 3 + [SimulatedWorker(0.0005, 0.25)]
+    sim = ClusterSimulator(workers)
+    limits = BatchLimits.build(4, 64)
+    assert sim.optimal_step_s(limits, 0) == pytest.approx(0.2505)
