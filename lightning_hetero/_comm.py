@@ -1,8 +1,9 @@
 """Step timers: what each training step costs a rank, apart from its waiting for other ranks."""
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -225,27 +226,107 @@ class CudaStepTimer(HostStepTimer):
     them. Work the host does while the device is still busy costs nothing and counts
     nothing. Waits are the device time between a backward's gradients-ready event and its
     end (the all-reduce, and any idling for a slower rank), and blocks timed with
-    ``waiting``. Events are read once they have completed, so timing never blocks the
-    host except when ``collect`` is asked to ``synchronize`` at a boundary.
+    ``waiting``.
+
+    What it costs a step (fast GPU steps pay for every host call): a few event records (the
+    batch's arrival, each backward's gradients-ready and end, the optimizer step's end) and
+    no synchronisation. Events come from a pool: created once, re-recorded once ``collect``
+    has read every step that used them, never destroyed while the timer lives. The
+    gradients-ready hook runs once per parameter, but records only from the call at which
+    the fewest backwards so far had their last gradient (learned from the first backward,
+    which records at every call), so a model with a fixed graph records one event per
+    backward; a backward with fewer hook calls than any before it (parameters unused this
+    step) is recorded as all compute, once, and the count is learned anew. Events are read
+    once they have completed (``query``), so timing never blocks the host except when
+    ``collect`` is asked to ``synchronize`` at a boundary.
+
+    Args:
+        event_factory: makes one timing event (``torch.cuda.Event(enable_timing=True)`` by
+            default; tests pass a fake).
     """
 
-    def _now(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+    def __init__(self, event_factory: Callable[[], Any] | None = None) -> None:
+        super().__init__()
+        self._factory = event_factory or partial(torch.cuda.Event, enable_timing=True)
+        self._free: list[Any] = []  # recorded and read: ready to be recorded again
+        self._lent: list[Any] = []  # handed out since the last sweep or still in use
+        #: Events created so far (the pool's size).
+        self.events_created = 0
+        self._hook_calls = 0  # gradients-ready calls in the current backward
+        self._calls_expected: int | None = None  # from this call on, record the event
+
+    def _take(self) -> Any:
+        if self._free:
+            event = self._free.pop()
+        else:
+            event = self._factory()
+            self.events_created += 1
+        self._lent.append(event)
+        return event
+
+    def _now(self) -> Any:
+        event = self._take()
         event.record()
         return event
 
+    def start(self, batch_size: int, plan: int = 0) -> None:
+        self._hook_calls = 0  # a backward that raised left its count
+        super().start(batch_size, plan)
+
     def grads_ready(self) -> None:
-        # called once per parameter: re-record one event per backward, not a new one per call
-        if self._start is not None:
+        # once per parameter: record only from the learned last call on (every call until
+        # one backward taught it), re-recording one event per backward
+        if self._start is None:
+            return
+        self._hook_calls += 1
+        expected = self._calls_expected
+        if expected is None or self._hook_calls >= expected:
             if self._ready is None:
-                self._ready = torch.cuda.Event(enable_timing=True)
+                self._ready = self._take()
             self._ready.record()
 
-    def _finished(self, mark: torch.cuda.Event, synchronize: bool) -> bool:
+    def backward_done(self, samples: int | None = None) -> None:
+        calls, self._hook_calls = self._hook_calls, 0
+        if calls and (self._calls_expected is None or calls < self._calls_expected):
+            self._calls_expected = calls  # fewer calls than expected: none recorded this time
+        super().backward_done(samples)
+
+    def collect(self, synchronize: bool = False) -> list[StepRecord]:
+        records = super().collect(synchronize)
+        self._recycle()
+        return records
+
+    def _recycle(self) -> None:
+        """Return to the pool every lent event that no open or pending step holds (none
+        inside a ``waiting`` block: its begin event is held by the block alone)."""
+        if self._waiting_depth:
+            return
+        lent = {id(event) for event in self._lent}
+        live: set[int] = set()
+        held = [
+            self._pending,
+            self._waits,
+            self._ends,
+            self._cycle_begin,
+            self._start,
+            self._ready,
+            self._end,
+            self._arrival,
+        ]
+        while held:  # the pending entries' nested tuples included, whatever their layout
+            item = held.pop()
+            if isinstance(item, (list, tuple)):
+                held.extend(item)
+            elif id(item) in lent:
+                live.add(id(item))
+        self._free.extend(event for event in self._lent if id(event) not in live)
+        self._lent = [event for event in self._lent if id(event) in live]
+
+    def _finished(self, mark: Any, synchronize: bool) -> bool:
         if synchronize:
             mark.synchronize()
             return True
-        return mark.query()
+        return bool(mark.query())
 
-    def _elapsed_s(self, begin: torch.cuda.Event, end: torch.cuda.Event) -> float:
-        return begin.elapsed_time(end) / 1e3
+    def _elapsed_s(self, begin: Any, end: Any) -> float:
+        return float(begin.elapsed_time(end)) / 1e3
