@@ -48,6 +48,7 @@ __all__ = [
     "name_unused_parameters_fix",
     "request_train_reload",
     "running_hook",
+    "sampler_epoch",
     "skips_backward",
     "set_logged_batch",
     "step_checkpoints",
@@ -168,6 +169,13 @@ def name_unused_parameters_fix(exception: BaseException, strategy: str) -> None:
         else arg
         for arg in exception.args
     )
+
+
+def sampler_epoch(trainer: "pl.Trainer") -> int:
+    """The epoch Lightning gives the training samplers (``set_epoch``) at the next epoch
+    start: the epochs processed, which after a resume at an epoch's end is one more than
+    ``trainer.current_epoch`` until that epoch starts."""
+    return int(trainer.fit_loop.epoch_progress.current.processed)
 
 
 def request_train_reload(trainer: "pl.Trainer") -> None:

@@ -35,6 +35,7 @@ from lightning_hetero.pytorch_lightning._lightning import (
     in_training_batch,
     name_unused_parameters_fix,
     request_train_reload,
+    sampler_epoch,
 )
 from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.pytorch_lightning.callback import HeteroCallback
@@ -412,6 +413,9 @@ class HeteroEngine:
                 state.plan = self.training_mode.rescaled_plan() or state.rescaled(self.world_size)
             plan = state.plan
         epochs = epoch_order(dataloader.dataset, self.shuffle, seed, sum(plan))
+        # the epoch Lightning's `set_epoch` will give it: a loader of unknown length (local
+        # mode's) is drawn from before that call when a run resumes at an epoch's end
+        epochs.set_epoch(sampler_epoch(trainer))
         if cut is not None:
             epochs = FirstSamples(epochs, cut)
         # every batch, the last of an epoch or mega-batch too, has at least the lower bound

@@ -128,7 +128,7 @@ class _MergerAtStart(pl.Callback):
             self.state = trainer.strategy.training_mode.merger.state_dict()
 
 
-def _fit(tmp_path, epochs: int, ckpt_path=None, **options) -> dict:
+def _fit(tmp_path, epochs: int, ckpt_path=None, **options) -> tuple[torch.Tensor, dict]:
     pl.seed_everything(0, verbose=False)
     seen = _MergerAtStart()
     trainer = pl.Trainer(
@@ -142,14 +142,17 @@ def _fit(tmp_path, epochs: int, ckpt_path=None, **options) -> dict:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(_Line(), ckpt_path=ckpt_path)
-    return seen.state
+    model = _Line()
+    trainer.fit(model, ckpt_path=ckpt_path)
+    return model.layer.weight.detach().clone(), seen.state
 
 
 @pytest.mark.parametrize("options", [{"outer_lr": 0.5}, {"gamma": 0.5}], ids=["outer", "gamma"])
 def test_a_resumed_run_keeps_the_merges_momentum(tmp_path, options):
     # the outer optimizer's momentum buffer and gamma's previous model are checkpointed in
-    # HeteroCallback's entry (Mode.state_dict) and the resumed run's merger starts from them
+    # HeteroCallback's entry (Mode.state_dict) and the resumed run's merger starts from them:
+    # two epochs resumed after the first end where two epochs in one go end
+    whole, _ = _fit(tmp_path / "whole", 2, **options)
     _fit(tmp_path, 1, **options)
     last = tmp_path / "last.ckpt"
     entries = torch.load(last, weights_only=True)["callbacks"]
@@ -157,12 +160,13 @@ def test_a_resumed_run_keeps_the_merges_momentum(tmp_path, options):
     # one merge: the previous model is the start, the momentum the first pseudo-gradient
     assert not torch.equal(saved["previous"], saved["global"])
     assert (saved["velocity"] is not None) == ("outer_lr" in options)
-    resumed = _fit(tmp_path, 2, ckpt_path=str(last), **options)
+    weights, resumed = _fit(tmp_path, 2, ckpt_path=str(last), **options)
     for name, vector in saved.items():
         if vector is None:
             assert resumed[name] is None
         else:
             torch.testing.assert_close(resumed[name], vector, rtol=0, atol=0)
+    torch.testing.assert_close(weights, whole)
 
 
 def test_a_merge_state_of_another_model_is_refused():
