@@ -6,8 +6,15 @@ ranks by re-running the command), one after another on every rank:
     python -m lightning_hetero.bench.straggler overhead [--workers 2] [--repeats 10]
     python -m lightning_hetero.bench.straggler scenario [--workers 4] [--delay 0.2] [--repeats 3]
     python -m lightning_hetero.bench.straggler hetero [--workers 4] [--delay 0.2] [--repeats 3]
+    python -m lightning_hetero.bench.straggler timer [--accelerator gpu] [--repeats 5]
 
-``--accelerator gpu --workers 1`` times the overhead on one GPU (CUDA events).
+``--accelerator gpu --workers 1`` times the overhead on one GPU (CUDA events). ``timer``:
+the step timer alone in a plain PyTorch loop on one device (no Lightning, no process
+group; 9 layers of 1024, batch 512, 300 steps unless told): seconds per step with no
+timer, with the gradient hooks only, and with the whole timer (the hooks, every mark and a
+``collect`` each step, as ``StragglerReport`` runs it), which goes first rotating; the
+ratios to the loop without it, median over repeats, and the timer's events created and
+recorded per step (CUDA only).
 
 ``overhead``: the same DDP job with and without the report, alternating which goes first;
 each fit's time per step is the median over its epochs after the first, and the result is
@@ -34,7 +41,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero.straggler import StragglerReport
 
-__all__ = ["hetero_rows", "main", "overhead_rows", "scenario_rows"]
+__all__ = ["hetero_rows", "main", "overhead_rows", "scenario_rows", "timer_rows"]
 
 
 #: ``--sleep``: the work sleeps instead (ranks on fewer cores than ranks then do not slow each
@@ -209,17 +216,120 @@ def hetero_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+class _Counted:
+    """A CUDA event that counts its records (``timer``'s records per step)."""
+
+    records = 0
+
+    def __init__(self) -> None:
+        self.event = torch.cuda.Event(enable_timing=True)
+
+    def record(self, stream: Any = None) -> None:
+        _Counted.records += 1
+        self.event.record() if stream is None else self.event.record(stream)
+
+    def query(self) -> bool:
+        return self.event.query()
+
+    def synchronize(self) -> None:
+        self.event.synchronize()
+
+    def elapsed_time(self, end: "_Counted") -> float:
+        return self.event.elapsed_time(end.event)
+
+
+def timer_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each repeat's seconds per step of a plain training loop without the step timer,
+    with its gradient hooks only, and with the whole timer; the ratios to the first."""
+    from lightning_hetero._comm import CudaStepTimer, HostStepTimer
+    from lightning_hetero.modes.bsp import mark_grads_ready
+
+    device = torch.device("cuda" if args.accelerator == "gpu" else "cpu")
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(args.depth):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(args.batch_size, args.width, device=device)
+    y = torch.randn(args.batch_size, 1, device=device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def fit(kind: str) -> tuple[float, dict[str, float]]:
+        timer: HostStepTimer | None = None
+        if kind == "timer":
+            timer = CudaStepTimer(event_factory=_Counted) if device.type == "cuda" else None
+            timer = timer or HostStepTimer()
+        ready = timer.grads_ready if timer is not None else (lambda: None)
+        handles = mark_grads_ready(model, ready) if kind != "none" else []
+        before = _Counted.records
+
+        def step() -> None:
+            if timer is not None:
+                timer.start(args.batch_size)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if timer is not None:
+                timer.backward_done()
+            optimizer.step()
+            if timer is not None:
+                timer.step_done()
+                timer.collect()
+
+        try:
+            for _ in range(10):  # warm-up
+                step()
+            sync()
+            before = _Counted.records
+            began = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            sync()
+            seconds = (time.perf_counter() - began) / args.steps
+        finally:
+            for handle in handles:
+                handle.remove()
+        counts: dict[str, float] = {}
+        if isinstance(timer, CudaStepTimer):
+            counts = {
+                "events_created": timer.events_created,
+                "records_per_step": (_Counted.records - before) / args.steps,
+            }
+        return seconds, counts
+
+    kinds = ["none", "hooks", "timer"]
+    rows = []
+    for repeat in range(args.repeats):
+        order = kinds[repeat % 3 :] + kinds[: repeat % 3]
+        measured = {kind: fit(kind) for kind in order}
+        none_s = measured["none"][0]
+        rows.append(
+            {
+                "repeat": repeat,
+                **{f"{kind}_s": measured[kind][0] for kind in kinds},
+                "hooks_ratio": measured["hooks"][0] / none_s,
+                "timer_ratio": measured["timer"][0] / none_s,
+                **measured["timer"][1],
+            }
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lightning_hetero.bench.straggler")
-    parser.add_argument("what", choices=["overhead", "scenario", "hetero"])
+    parser.add_argument("what", choices=["overhead", "scenario", "hetero", "timer"])
     parser.add_argument("--workers", type=int, default=None, help="2 (overhead), 4 (scenario)")
     parser.add_argument("--repeats", type=int, default=None, help="10 (overhead), 3 (scenario)")
     parser.add_argument("--delay", type=float, default=0.2, help="rank 1's backward, s/step")
     parser.add_argument("--busy", type=float, default=None, help="every rank's forward, s/step")
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="per epoch")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=None, help="16 (timer: 512)")
+    parser.add_argument("--width", type=int, default=None, help="128 (timer: 1024)")
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--accelerator", default="cpu", help="cpu (gloo ranks) or gpu")
     parser.add_argument("--sleep", action="store_true", help="sleep instead of busy work")
@@ -230,12 +340,33 @@ def main(argv: list[str] | None = None) -> None:
     _SLEEP = args.sleep
     torch.set_num_threads(1)
     overhead = args.what == "overhead"
+    if args.what == "timer":
+        for name, default in (("repeats", 5), ("steps", 300), ("width", 1024), ("batch_size", 512)):
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+        rows = timer_rows(args)
+        for row in rows:
+            print(json.dumps(row))
+        print(
+            f"step timer alone ({args.accelerator}, {args.depth + 1} layers of {args.width},"
+            f" batch {args.batch_size}, {args.steps} steps, a step"
+            f" {statistics.median(r['none_s'] for r in rows) * 1e3:.2f} ms without it):"
+            f" hooks only {statistics.median(r['hooks_ratio'] for r in rows):.4f}x, the whole"
+            f" timer {statistics.median(r['timer_ratio'] for r in rows):.4f}x (median over"
+            f" {len(rows)} repeats)"
+        )
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+        return
     for name, for_overhead, for_scenario in (
         ("workers", 2, 4),
         ("repeats", 10, 3),
         ("busy", 0.01, 0.05),
         ("epochs", 3, 1 if args.what == "scenario" else 4),
         ("steps", 40, 8),
+        ("batch_size", 16, 16),
+        ("width", 128, 128),
     ):
         if getattr(args, name) is None:
             setattr(args, name, for_overhead if overhead else for_scenario)
