@@ -454,6 +454,9 @@ def test_loader_batch_counts_run_as_lightnings_accumulation(tmp_path, options):
     # the same samples, in the same order
     torch.testing.assert_close(sum(got.sums), sum(expected.sums))
     assert sum(got.seen) == sum(expected.seen)
+    # the same steps, a last partial window included (its losses over the full window's N)
+    for mine, theirs in zip(got.parameters(), expected.parameters()):
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
     assert (trainer.val_check_interval, trainer.limit_train_batches) == (
         plain.val_check_interval,
         plain.limit_train_batches,
@@ -747,7 +750,7 @@ def test_every_rank_reads_all_ranks_micro_batch_counts_from_the_plan(plan, bound
         micro_bounds=bounds,
         training_mode=SimpleNamespace(sampler=sampler),
         lightning_module=module,
-        plan_state=SimpleNamespace(lower=lambda: 1),
+        plan_state=SimpleNamespace(lower=lambda: 1, accumulation=1),
     )
     micro = MicroBatches(strategy)
     micro.plan_step(0)

@@ -471,6 +471,7 @@ class MicroBatches:
         self._user_counts: tuple[Any, dict[str, int | float]] | None = None
         self._ddp_counts: tuple[Any, Any] = (1.0, 1.0)
         self._ddp_batches, self._ddp_every = 0, None
+        self._loader_batch = 0  # the loader batch ``b`` (taken over)
         self._undo_validation: Callable[[], None] | None = None
         self._undo_bar: Callable[[], None] | None = None  # the progress bar's loader batches
         self._undo_resets: Callable[[], None] | None = None  # while a step's run
@@ -600,6 +601,7 @@ class MicroBatches:
         every, limit = self._ddp_counts
         batches = limited_batches(full, limit)
         self._ddp_batches, self._ddp_every = batches, None
+        self._loader_batch = batch
         if isinstance(every, float) and batches:
             self._ddp_every = max(1, int(batches * every))
         elif isinstance(every, int) and not isinstance(every, bool):
@@ -642,11 +644,17 @@ class MicroBatches:
     # ---------------------------------------------------------------- the step
     def plan_step(self, batch_idx: int) -> None:
         """Read every rank's micro-batch count of step ``batch_idx`` from the plan (at the
-        step's start, before the training step): ``uneven`` where they differ."""
+        step's start, before the training step): ``uneven`` where they differ.
+
+        Under the accumulation take-over, an epoch's last, partial window of ``r`` whole
+        loader batches per rank weighs its samples over the full window's ``N * b * K``, as
+        DDP divides each of its ``r`` losses by ``N`` all the same."""
         self.uneven = None
         strategy = self.strategy
         bounds, sampler = strategy.micro_bounds, strategy.training_mode.sampler
         module = strategy.lightning_module
+        if isinstance(sampler, GlobalBatchSampler) and strategy.plan_state.accumulation > 1:
+            self._ddp_window(sampler, batch_idx)
         if (
             bounds is None
             or not self.refused
@@ -659,6 +667,14 @@ class MicroBatches:
         counts = [len(micro_sizes(n, bounds[k], lower)) for k, n in enumerate(shares)]
         if len(set(counts)) > 1:
             self.uneven = counts
+
+    def _ddp_window(self, sampler: GlobalBatchSampler, batch_idx: int) -> None:
+        _, shares = sampler.layout(min(batch_idx, len(sampler) - 1))
+        window, taken = sampler.global_batch_size, sum(shares)
+        loader_batches = self._loader_batch * self.strategy.world_size
+        if taken < window and loader_batches and taken % loader_batches == 0:
+            mode = self.strategy.training_mode
+            mode.share = (mode.share[0], window)
 
     def whole(self) -> AbstractContextManager[Any]:
         """Around a training step run as one batch (``sizes`` is ``None``): the refusal of

@@ -178,10 +178,6 @@ FSDP = (
     "all_reduce",
 )
 
-PARTIAL = (
-    "the epoch's last, partial window is weighted by its samples, where DDP divides its loss"
-    " by accumulate_grad_batches all the same (docs/memory.md)"
-)
 ITERABLE = "refused: it is an IterableDataset, which hands each rank an equal share itself"
 #: a collective in training_step under unequal micro-batch counts (issue 40, item 2)
 ALL_REDUCE = (
@@ -210,7 +206,6 @@ CASES: tuple[Case, ...] = tuple(
                 "all_reduce": ALL_REDUCE,
                 "iterable": ITERABLE,
             },
-            {"limit_int": PARTIAL},
         ),
         *_row(
             "global_micro",
