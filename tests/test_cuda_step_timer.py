@@ -64,17 +64,19 @@ def train(timer: HostStepTimer, device: FakeDevice, steps: int, **kwargs: Any) -
     collect_every = kwargs.get("collect_every", 1)
     lag = kwargs.get("lag", 0.0)  # how far the device runs behind the host
     calls_at = kwargs.get("calls_at", {})  # step -> hook calls in its backward
+    micro = kwargs.get("micro", 1)  # backwards a step (micro-batches of 16 / micro samples)
     records = []
     for step in range(steps):
         device.done_until = device.now - lag
         device.now += 0.5 + 0.01 * (step % 7)  # loading the batch
         timer.start(16)
-        device.now += 2.0 + 0.1 * (step % 3)  # forward
-        for _ in range(calls_at.get(step, params)):
-            device.now += 0.05  # one parameter's gradient
-            timer.grads_ready()
-        device.now += 1.0 + 0.2 * (step % 5)  # the all-reduce and waiting for the others
-        timer.backward_done()
+        for _ in range(micro):
+            device.now += 2.0 + 0.1 * (step % 3)  # forward
+            for _ in range(calls_at.get(step, params)):
+                device.now += 0.05  # one parameter's gradient
+                timer.grads_ready()
+            device.now += 1.0 + 0.2 * (step % 5)  # the all-reduce and waiting for the others
+            timer.backward_done(16 // micro if micro > 1 else None)
         device.now += 0.3  # the optimizer step
         timer.step_done()
         if step % 10 == 9:
@@ -101,11 +103,16 @@ def assert_same(cuda_records: list, host_records: list) -> None:
         assert got.batch_size == want.batch_size and got.full == want.full
         assert got.compute_s == pytest.approx(want.compute_s, abs=1e-9)
         assert got.wait_s == pytest.approx(want.wait_s, abs=1e-9)
+        assert len(got.micro) == len(want.micro)
+        for (n, t), (m, u) in zip(got.micro, want.micro):
+            assert n == m and t == pytest.approx(u, abs=1e-9)
 
 
-def test_cuda_timer_gives_the_host_timers_times_on_the_same_clock() -> None:
-    cuda_records, host_records, _, _ = runs()
+@pytest.mark.parametrize("micro", [1, 4])
+def test_cuda_timer_gives_the_host_timers_times_on_the_same_clock(micro: int) -> None:
+    cuda_records, host_records, _, _ = runs(micro=micro, lag=7.0)
     assert_same(cuda_records, host_records)
+    assert all(len(r.micro) == (micro if micro > 1 else 0) for r in cuda_records)
     assert all(r.wait_s > 0.9 for r in cuda_records)  # the all-reduce is a wait, not compute
 
 
