@@ -165,3 +165,53 @@ def test_backwards_that_are_not_the_batchs_micro_batches_give_no_micro_timings()
     timer.backward_done()
     (whole, unknown) = timer.collect()
     assert whole.micro == () and unknown.micro == ()
+
+
+def test_a_fit_with_micro_batches_hands_each_micro_batch_to_the_timer(tmp_path, monkeypatch):
+    # one process, a share of 16 in micro-batches of 4: every step records four micro-batches
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_hetero import HeteroStrategy
+
+    records = []
+    collect = HostStepTimer.collect
+
+    def spy(self, synchronize=False):
+        out = collect(self, synchronize)
+        records.extend(out)
+        return out
+
+    monkeypatch.setattr(HostStepTimer, "collect", spy)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.randn(96, 4)), batch_size=16)
+
+    trainer = pl.Trainer(
+        strategy=HeteroStrategy(controller="static", micro_batch_size=4),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Tiny())
+    assert len(records) == 6
+    for record in records:
+        assert [n for n, _ in record.micro] == [4, 4, 4, 4]
+        assert all(t > 0 for _, t in record.micro)
+        assert sum(t for _, t in record.micro) <= record.compute_s
