@@ -292,3 +292,15 @@ def test_a_mode_option_is_one_field_that_the_strategies_pick() -> None:
                 and node.attr in MODE_OPTIONS
             )
             assert not (listed or passed or copied), f"{module}.py: {ast.unparse(node)}"
+
+
+def test_the_engine_stays_small_and_the_micro_batch_executor_lives_apart():
+    """Issue 40: ``HeteroEngine`` hands each step to ``MicroBatches`` and holds at most 42
+    methods of its own; none of the executor's (split, rest, abort, take-over) is back."""
+    from lightning_hetero.microbatch import MicroBatches
+
+    tree = ast.parse(inspect.getsource(HeteroEngine))
+    own = [node.name for node in tree.body[0].body if isinstance(node, ast.FunctionDef)]
+    assert len(own) <= 42, sorted(own)  # properties included
+    executor = {"first", "run_rest", "abort", "after", "take_over", "loop_counts", "plan_step"}
+    assert executor <= set(vars(MicroBatches)) and not executor & set(own)
