@@ -211,8 +211,12 @@ class _Stream(IterableDataset):
 
 
 def test_iterable_dataset_is_refused_with_an_explanation():
+    """On several ranks (one rank trains it as it is: tests/test_microbatch.py; two ranks:
+    the compatibility matrix's ``iterable`` cells)."""
+    from lightning_hetero._data import check_training_loader
+
     with pytest.raises(TypeError, match="training _Stream: it is an IterableDataset.*map-style"):
-        _fit(lambda: DataLoader(_Stream(), batch_size=2))
+        check_training_loader(DataLoader(_Stream(), batch_size=2))
 
 
 def test_user_batch_sampler_is_refused_with_an_explanation():
