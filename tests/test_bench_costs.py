@@ -26,8 +26,10 @@ def test_the_overhead_benchmark_pairs_ddp_and_hetero_runs():
     pairs = measure_overhead(repeats=1, steps=5, width=8)
     (pair,) = pairs
     assert pair["ratio"] == pytest.approx(pair["hetero"] / pair["ddp"])
+    assert 0 < pair["boundary_share"] < 1  # the hetero run's boundaries per step / its step
     table = overhead_table(pairs)
     assert table.splitlines()[0].startswith("| DDPStrategy step (ms)")
+    assert table.splitlines()[0].endswith("| boundaries / steps |")
 
 
 def test_the_overhead_table_names_the_pair_it_compares():

@@ -129,9 +129,11 @@ def measure_overhead(
                 config = {**base, "strategy": name, "options": options or {}}
                 if name == "ddp" and baseline is not None:
                     config = {**config, "strategy": "hetero", "options": baseline}
-                medians[name] = statistics.median(
-                    launch(config, Path(tmp), 600, "lightning_hetero.bench.overhead")["step_s"]
-                )
+                run = launch(config, Path(tmp), 600, "lightning_hetero.bench.overhead")
+                medians[name] = statistics.median(run["step_s"])
+                if name == "hetero":  # its boundaries' time per step over its mean step
+                    per_step = sum(run["boundary_s"]) / (len(run["step_s"]) + _WARMUP + 1)
+                    medians["boundary_share"] = per_step / statistics.fmean(run["step_s"])
                 if progress is not None:
                     progress.update()
             medians["ratio"] = medians["hetero"] / medians["ddp"]
@@ -144,19 +146,23 @@ def overhead_table(
     names: tuple[str, str] = ("DDPStrategy", "HeteroStrategy"),
 ) -> str:
     """Markdown: min / median / max over pairs of each strategy's median step and the ratio
-    (``names``: the baseline's and the candidate's column names)."""
+    (``names``: the baseline's and the candidate's column names), and where the pairs have it
+    the candidate's time at boundaries over its steps' time (``boundary_share``)."""
 
     from lightning_hetero.bench._format import spread
 
     def cell(key: str, scale: float, fmt: str) -> str:
         return spread([pair[key] for pair in pairs], fmt, scale)
 
+    share = all("boundary_share" in pair for pair in pairs)
     return "\n".join(
         [
-            f"| {names[0]} step (ms) | {names[1]} step (ms) | ratio |",
-            "|---|---|---|",
+            f"| {names[0]} step (ms) | {names[1]} step (ms) | ratio |"
+            + (" boundaries / steps |" if share else ""),
+            "|---|---|---|" + ("---|" if share else ""),
             f"| {cell('ddp', 1e3, '.3f')} | {cell('hetero', 1e3, '.3f')}"
-            f" | {cell('ratio', 1, '.3f')} |",
+            f" | {cell('ratio', 1, '.3f')} |"
+            + (f" {cell('boundary_share', 1, '.4f')} |" if share else ""),
         ]
     )
 
