@@ -303,17 +303,10 @@ class CudaStepTimer(HostStepTimer):
             return
         lent = {id(event) for event in self._lent}
         live: set[int] = set()
-        held = [
-            self._pending,
-            self._waits,
-            self._ends,
-            self._cycle_begin,
-            self._start,
-            self._ready,
-            self._end,
-            self._arrival,
-        ]
-        while held:  # the pending entries' nested tuples included, whatever their layout
+        # every attribute but the pool's own lists, nested tuples and lists included (the
+        # pending entries, the open step's marks, whatever their layout)
+        held = [value for name, value in vars(self).items() if name not in ("_free", "_lent")]
+        while held:
             item = held.pop()
             if isinstance(item, (list, tuple)):
                 held.extend(item)
