@@ -285,9 +285,48 @@ def test_the_convergence_benchmark_runs_every_config_per_seed_with_the_tasks_fie
     assert len(slow) == 6 and all(cost[1] == 3 * cost[0] for cost in slow)
     assert [c["seed"] for c in launched[:6]] == [0, 0, 0, 1, 1, 1]
     text = modes.convergence_report(result)
-    assert "| equal | 1 | `async` | 0.650 / 0.750 | 6.5 | 6.0 |" in text
-    assert "| slow | 0 | `local` | failed | | |" in text
-    assert "| equal | 0 | `ddp` | 0.600 / 0.700 | 6.5 | 6.0 |" in text
+    assert "| equal | 1 | `async` | 0.650 / 0.750 | 6.5 (1.00) | 1.00x | +5.0 | none |" in text
+    assert "| slow | 0 | `local` | failed | | | | |" in text
+    assert "| equal | 0 | `ddp` | 0.600 / 0.700 | 6.5 (1.00) | 1.00x | +0.0 | - |" in text
+
+
+def test_the_convergence_report_times_from_the_start_of_fit_to_ddps_best_less_one_point():
+    def timed(curve, setup_s):
+        return {**run(curve), "setup_s": setup_s}
+
+    ddp = timed([(4.0, 0.90), (8.0, 0.96), (12.0, 0.95)], 1.0)  # target 0.95: 9 s from fit
+    runs = {
+        "ddp": ddp,
+        "bsp": timed([(2.0, 0.90), (4.0, 0.96), (6.0, 0.95)], 1.0),  # 5 s: 9/5
+        "async-plain": timed([(1.0, 0.94), (2.0, 0.93), (3.0, 0.92)], 3.0),  # never, -3 points
+        "dual": timed([(2.0, 0.95), (4.0, 0.96), (6.0, 0.96)], 5.0),  # 7 s: 9/7
+    }
+    result = {"task": "digits", "workers": 2, "common": {}, "runs": {"slow": [runs]}}
+    rows = {
+        line.split("|")[3].strip(" `"): [c.strip() for c in line.strip("|").split("|")]
+        for line in modes.convergence_report(result).splitlines()
+        if line.startswith("| slow")
+    }
+    assert rows["ddp"][4:] == ["13.5 (1.00)", "1.00x", "+0.0", "-"]
+    assert rows["bsp"][4:] == ["7.5 (0.56)", "1.80x", "+0.0", "none"]
+    # judged as async: never reached, 3 points under DDP with SGD
+    assert rows["async-plain"][4:] == ["6.5 (0.48)", "never", "-3.0", "time < 1.2x, acc < DDP - 2"]
+    assert rows["dual"][4:6] == ["11.5 (0.85)", "1.29x"]
+    misses = modes.convergence_report(
+        result, misses=lambda name, speed, f: [f"{f['time_ratio']:.2f}"]
+    )
+    assert "| slow | 0 | `dual` |" in misses and "| +1.0 | 0.85 |" in misses
+
+
+def test_the_global_batch_overrides_the_tasks_and_must_split_evenly(monkeypatch, tmp_path):
+    launched = []
+    monkeypatch.setattr(modes, "launch", lambda config, *a, **k: launched.append(config) or {})
+    modes.measure_convergence(
+        "digits", 2, ["equal"], [0], ["ddp"], tmp_path, global_batch=64, log=lambda line: None
+    )
+    assert [c["batch_size"] for c in launched] == [32]
+    with pytest.raises(ValueError, match="global batch 64 does not split evenly over 3 ranks"):
+        modes.measure_convergence("digits", 3, ["equal"], [0], ["ddp"], tmp_path, global_batch=64)
 
 
 def test_every_convergence_configuration_builds_a_strategy():
@@ -309,5 +348,21 @@ def test_the_convergence_command_passes_the_sample_cost_through(monkeypatch, tmp
 
     monkeypatch.setattr(modes, "measure_convergence", fake_measure)
     modes.main(["--task", "digits", "--workers", "4", "--sample-cost", "2e-3"])
-    modes.main(["--task", "digits", "--workers", "4"])
+    modes.main(["--task", "digits", "--workers", "4", "--global-batch", "64"])
     assert [options["sample_cost"] for options in seen] == [2e-3, 2e-4]
+    assert [options["global_batch"] for options in seen] == [None, 64]
+
+
+def test_the_accuracy_curve_counts_the_set_up_from_the_start_of_fit(monkeypatch):
+    from types import SimpleNamespace
+
+    from lightning_hetero.bench import run as run_module
+
+    clock = iter([10.0, 12.5])  # setup, then on_train_start
+    monkeypatch.setattr(run_module.time, "perf_counter", lambda: next(clock))
+    curve = run_module.AccuracyCurve()
+    curve.setup(SimpleNamespace(), SimpleNamespace(), "validate")  # not fit: no start
+    assert curve._fit_start is None
+    curve.setup(SimpleNamespace(), SimpleNamespace(), "fit")
+    curve.on_train_start(SimpleNamespace(), SimpleNamespace())
+    assert curve.setup_s == 2.5

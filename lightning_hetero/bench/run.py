@@ -146,18 +146,28 @@ class AccuracyCurve(Callback):
     ``on_validation_epoch_start``, after the strategy's ``on_validation_start`` (async mode
     waits for every rank and pulls the server's model there; local mode merges the epoch's
     last mega-batches): that work counts as training. ``train_s``: the same measure at the
-    end of training.
+    end of training. ``setup_s``: the seconds from the start of ``fit`` (this callback's
+    ``setup``) to the start of training (the strategy's set-up and first plan, time probes
+    included), to add to both for the time since the start of ``fit``.
     """
 
     def __init__(self) -> None:
         self.points: list[tuple[float, float, float]] = []
         self.train_s = 0.0
+        self.setup_s = 0.0
+        self._fit_start: float | None = None
         self._train_start = 0.0
         self._val_start = 0.0
         self._val_s = 0.0
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._fit_start = time.perf_counter()
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_start = time.perf_counter()
+        if self._fit_start is not None:
+            self.setup_s = self._train_start - self._fit_start
         self._val_s = 0.0
         self.points = []
 
@@ -417,6 +427,7 @@ def run(config: RunConfig) -> dict[str, Any]:
     if config.val_every_epoch:
         summary["accuracy_curve"] = curve.points
         summary["train_s"] = curve.train_s
+        summary["setup_s"] = curve.setup_s
     if hetero is not None:
         summary["fit_summary"] = hetero.summary  # lightning_hetero.summary.fit_summary
     if hasattr(strategy, "replanner"):
