@@ -9,7 +9,14 @@ from typing import NamedTuple
 from lightning_hetero.planning.base import BatchLimits
 from lightning_hetero.planning.model import StepTimeCurve, allowed_speedup, solve_plan
 
-__all__ = ["RankTiming", "Verdict", "pace_setter", "summarize_steps", "verdict"]
+__all__ = [
+    "RankTiming",
+    "Verdict",
+    "pace_setter",
+    "summarize_steps",
+    "verdict",
+    "with_earlier_point",
+]
 
 #: Relative gap below which no rank is named, however small the noise: ranks of equal speed
 #: on a shared machine differ by a few percent from one run to the next, and re-planning
@@ -69,6 +76,23 @@ def summarize_steps(steps: Sequence[tuple[int, float, float]]) -> RankTiming:
         other_batch_size=other,
         other_compute_s=statistics.median(by_size[other]) if other else math.nan,
     )
+
+
+def with_earlier_point(timing: RankTiming, earlier: RankTiming | None) -> RankTiming:
+    """``timing`` with ``earlier``'s main point as its second point of the step-time curve,
+    where it has none of its own and the rank's batch size changed since (under a hetero
+    strategy the plan moves between reports): a rank at one sample with a fixed per-step
+    cost, fitted through the origin, would read as many times slower than it is.
+
+    Example:
+        >>> now, before = RankTiming(9, 0.26, 0.0, 0.0, 1), RankTiming(9, 0.5, 0.0, 0.0, 16)
+        >>> with_earlier_point(now, before)[-2:]
+        (16, 0.5)
+    """
+    usable = earlier is not None and earlier.batch_size > 0 and math.isfinite(earlier.compute_s)
+    if timing.other_batch_size or not usable or earlier.batch_size == timing.batch_size:
+        return timing
+    return timing._replace(other_batch_size=earlier.batch_size, other_compute_s=earlier.compute_s)
 
 
 def pace_setter(

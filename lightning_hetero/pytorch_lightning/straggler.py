@@ -22,6 +22,7 @@ from lightning_hetero.planning.stragglers import (
     Verdict,
     summarize_steps,
     verdict,
+    with_earlier_point,
 )
 
 __all__ = ["StragglerReport"]
@@ -92,6 +93,7 @@ class StragglerReport(Callback):
         self._timer: HostStepTimer | None = None
         self._handles: list[Any] = []
         self._steps: list[tuple[int, float, float]] = []
+        self._earlier: RankTiming | None = None  # this rank's previous report
         self._batches = 0
         self._batch_size = 0
         self._warned_no_wait = False
@@ -102,7 +104,7 @@ class StragglerReport(Callback):
         cuda = pl_module.device.type == "cuda"
         self._timer = CudaStepTimer() if cuda else HostStepTimer()
         self._handles = mark_grads_ready(pl_module, self._timer.grads_ready)
-        self._steps, self._batches = [], 0
+        self._steps, self._batches, self._earlier = [], 0, None
 
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -186,6 +188,8 @@ class StragglerReport(Callback):
             if r.full
         )
         mine, self._steps = summarize_steps(self._steps), []
+        # the previous report's point, where the plan moved since: two points of the curve
+        mine, self._earlier = with_earlier_point(mine, self._earlier), mine
         rows = self._gather(trainer, pl_module, mine)
         decided = verdict(rows, min_gap=self.min_gap)
         entry = {

@@ -11,6 +11,7 @@ from lightning_hetero.planning.stragglers import (
     pace_setter,
     summarize_steps,
     verdict,
+    with_earlier_point,
 )
 
 
@@ -84,3 +85,22 @@ def test_no_allowed_speedup_without_timings_on_every_rank():
     decided = verdict(rows)
     assert decided.pace_setter is None and math.isnan(decided.allowed_speedup)
     assert decided.plan == []
+
+
+def test_a_rank_moved_to_one_sample_with_a_fixed_cost_is_not_read_as_many_times_slower():
+    """Under a hetero strategy the plan moves between reports: the straggler at one sample
+    (0.05 s fixed + 0.0125 s per sample on every rank, +0.2 s per 16 samples on rank 1) is
+    fitted through its earlier point, so the allowed speedup stays that of the costs."""
+
+    def seconds(rank, b):
+        return 0.05 + 0.0125 * b + (0.2 / 16 * b if rank == 1 else 0.0)
+
+    before = [RankTiming(9, seconds(k, 16), 0.001, 0.0, 16) for k in range(4)]
+    plan = [21, 1, 21, 21]
+    now = [RankTiming(9, seconds(k, b), 0.001, 0.0, b) for k, b in enumerate(plan)]
+    alone = verdict(now).allowed_speedup
+    fitted = verdict([with_earlier_point(n, b) for n, b in zip(now, before)]).allowed_speedup
+    # the costs' optimum in whole samples: [19, 9, 18, 18], the fast ranks' 19 the slowest
+    optimum = seconds(0, 19)
+    assert alone > 3  # through the origin: 0.26 s for one sample on rank 1
+    assert fitted == pytest.approx(seconds(1, 16) / optimum, rel=0.01)  # 1.57x
