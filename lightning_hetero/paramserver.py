@@ -73,6 +73,8 @@ class _RankCounters:
     updates: int = 0
     staleness_sum: int = 0
     staleness_max: int = 0
+    #: Seconds the server spent applying the rank's pushes (lock held, waiting excluded).
+    apply_s: float = 0.0
 
 
 @dataclass
@@ -241,8 +243,10 @@ class ParameterServer:
             if slot.lookahead:
                 self._look_ahead(slot, rank, params)
             result = PushResult(params, self.version)
+            spent = time.perf_counter() - began
+            self._epoch_counters[rank].apply_s += spent
             if rank != 0:
-                self.serving_s += time.perf_counter() - began
+                self.serving_s += spent
             return result
 
     def _look_ahead(self, slot: _Slot, rank: int, params: list[torch.Tensor]) -> None:
@@ -306,7 +310,10 @@ class ParameterServer:
         return [c.updates for c in self._counters]
 
     def take_epoch_stats(self) -> dict[str, list[float]]:
-        """Per-rank update counts and mean/max staleness since the last call; resets them."""
+        """Per-rank update counts, mean/max staleness and the seconds the server spent
+        applying the rank's pushes (``apply_s``: rank 0's own on its training thread, the
+        others' on the RPC agent's threads of rank 0's process) since the last call; resets
+        them."""
         with self._lock:
             counters, self._epoch_counters = (
                 self._epoch_counters,
@@ -316,6 +323,7 @@ class ParameterServer:
             "updates": [float(c.updates) for c in counters],
             "staleness": [c.staleness_sum / c.updates if c.updates else 0.0 for c in counters],
             "staleness_max": [float(c.staleness_max) for c in counters],
+            "apply_s": [c.apply_s for c in counters],
         }
 
 

@@ -95,6 +95,21 @@ def test_staleness_is_the_number_of_updates_since_the_pull():
     assert server.updates == [1, 2, 1]  # since the start
 
 
+def test_apply_seconds_are_counted_per_pushing_rank_and_reset_per_epoch(monkeypatch):
+    layer, _, server = server_for()
+    grads = [torch.zeros_like(p) for p in layer.parameters()]
+    clock = iter([0.0, 0.25, 1.0, 2.0, 3.0, 3.5])  # each push reads the clock twice
+    monkeypatch.setattr("lightning_hetero.paramserver.time.perf_counter", lambda: next(clock))
+    server.push(0, 0, grads, 1, 3, [0.5], 0)  # 0.25 s: rank 0's own, on its training thread
+    server.push(1, 0, grads, 1, 3, [0.5], 0)  # 1.0 s: served for rank 1
+    server.push(1, 0, grads, 1, 3, [0.5], 0)  # 0.5 s
+    stats = server.take_epoch_stats()
+    assert stats["apply_s"] == [0.25, 1.5, 0.0]
+    assert server.serving_s == 1.5  # only the other ranks' pushes
+    monkeypatch.undo()
+    assert server.take_epoch_stats()["apply_s"] == [0.0, 0.0, 0.0]
+
+
 def test_concurrent_pushes_lose_no_update():
     layer, _, server = server_for(lr=1.0, lr_scaling=False, world_size=4)
     before = [p.detach().clone() for p in layer.parameters()]
