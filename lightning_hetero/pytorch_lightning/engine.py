@@ -529,6 +529,7 @@ class HeteroEngine:
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
         self.training_mode.on_train_batch_start(batch_idx)
+        self.micro.plan_step(batch_idx)
 
     @override
     def backward(
@@ -536,7 +537,6 @@ class HeteroEngine:
         closure_loss: torch.Tensor,
         optimizer: torch.optim.Optimizer | None,
         *args: Any,
-        self.micro.plan_step(batch_idx)
         **kwargs: Any,
     ) -> torch.Tensor:
         """The mode's backward; after a micro-batched step's first backward, each of the
