@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from lightning_hetero.summary import (
     fit_summary,
     hold_reason,
@@ -107,7 +109,10 @@ def test_a_static_controller_holds_nothing():
     assert static["holds"] == 0 and quiet(static)
 
 
-def test_a_fit_keeps_and_logs_its_summary_at_the_last_boundarys_epoch(tmp_path):
+@pytest.mark.parametrize("given", [True, False])
+def test_a_fit_keeps_and_logs_its_summary_at_the_last_boundarys_epoch(tmp_path, given):
+    """With the user's ``HeteroCallback`` and with the one the strategy adds itself (which it
+    removes when it is torn down, before Lightning's ``on_fit_end``)."""
     import csv
 
     import lightning.pytorch as pl
@@ -124,19 +129,20 @@ def test_a_fit_keeps_and_logs_its_summary_at_the_last_boundarys_epoch(tmp_path):
         max_epochs=2,
         limit_train_batches=3,
         limit_val_batches=0,
-        callbacks=[callback],
+        callbacks=[callback] if given else [],
         logger=CSVLogger(tmp_path, name="csv"),
         enable_checkpointing=False,
         enable_model_summary=False,
         enable_progress_bar=False,
     )
     trainer.fit(BoringModel())
-    summary = callback.summary
-    assert summary is not None and summary["boundaries"] == 2
-    assert summary["final_plan"] == trainer.strategy.batch_sizes
-    assert str(tmp_path) in summary["pictures"]  # the CSV log to draw
     with open(trainer.loggers[0].experiment.metrics_file_path) as f:
         rows = [row for row in csv.DictReader(f) if row.get("hetero/summary/replans")]
     (row,) = rows
     assert (row["epoch"], row["step"]) == ("1", "6")  # the last epoch, after its 6 steps
-    assert float(row["hetero/summary/batch_size/rank0"]) == summary["final_plan"][0]
+    assert float(row["hetero/summary/batch_size/rank0"]) == trainer.strategy.batch_sizes[0]
+    if given:
+        summary = callback.summary
+        assert summary is not None and summary["boundaries"] == 2
+        assert summary["final_plan"] == trainer.strategy.batch_sizes
+        assert str(tmp_path) in summary["pictures"]  # the CSV log to draw

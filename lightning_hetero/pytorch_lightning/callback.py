@@ -166,9 +166,10 @@ class HeteroCallback(Callback):
         self._started = False
 
     @override
-    def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         """Say in one line (rank 0; nothing for a quiet run) and log what the re-planner did
-        (``summary``)."""
+        (``summary``). At the training's end, not the fit's: Lightning tears the strategy
+        down before ``on_fit_end``, and the strategy then removes the callback it added."""
         replanner = self._replanner
         if replanner is None or not self._started or not replanner.history:
             return
