@@ -132,3 +132,34 @@ def test_the_line_says_when_no_rank_sets_the_pace_or_a_rank_has_no_timings():
     )
     untimed = describe(*_entry([0.05, math.nan], [0.0, math.nan], None, allowed=math.nan))
     assert untimed.endswith("no timed steps on rank(s) [1] since the last report.")
+
+
+def test_lightnings_per_batch_broadcast_is_timed_as_waiting_and_put_back():
+    """Under accumulation a DDP rank meets its slower peers in Lightning's SIGTERM broadcast
+    before every loader batch, not only in the all-reduce: the report counts it as wait
+    (before, a 2.6x slower rank under accumulation 2 read as no pace-setter)."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from lightning_hetero._lightning import time_sigterm_broadcast
+
+    events = []
+
+    class Loop:
+        def _broadcast_sigterm_tensor(self):
+            events.append("broadcast")
+
+    @contextmanager
+    def waiting():
+        events.append("wait begins")
+        yield
+        events.append("wait ends")
+
+    loop = Loop()
+    trainer = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=loop))
+    undo = time_sigterm_broadcast(trainer, waiting)
+    loop._broadcast_sigterm_tensor()
+    assert events == ["wait begins", "broadcast", "wait ends"]
+    undo()
+    loop._broadcast_sigterm_tensor()
+    assert events[-1] == "broadcast" and len(events) == 4

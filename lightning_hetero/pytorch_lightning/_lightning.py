@@ -50,6 +50,7 @@ __all__ = [
     "running_hook",
     "sampler_epoch",
     "skips_backward",
+    "time_sigterm_broadcast",
     "set_logged_batch",
     "step_checkpoints",
     "set_loop_counts",
@@ -225,6 +226,32 @@ def check_own_sigterm_only(trainer: "pl.Trainer") -> None:
             raise SIGTERMException()
 
     loop._broadcast_sigterm_tensor = check_own_sigterm
+
+
+def time_sigterm_broadcast(trainer: "pl.Trainer", waiting: Callable[[], Any]) -> Callable[[], None]:
+    """Run Lightning's broadcast of rank 0's SIGTERM flag before every training batch
+    (``_TrainingEpochLoop._broadcast_sigterm_tensor``) inside ``waiting()``, a timer's
+    context for a collective, and return what puts it back.
+
+    Under gradient accumulation a DDP rank meets its slower peers there, at every loader
+    batch, and not only in the optimizer step's all-reduce: that wait is no compute.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
+    if broadcast is None:
+        return lambda: None  # earlier releases have no such broadcast
+
+    def timed() -> None:
+        with waiting():
+            broadcast()
+
+    loop._broadcast_sigterm_tensor = timed
+
+    def undo() -> None:
+        if loop.__dict__.get("_broadcast_sigterm_tensor") is timed:
+            del loop._broadcast_sigterm_tensor
+
+    return undo
 
 
 def model_parallel_setup(

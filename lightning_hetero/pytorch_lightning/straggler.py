@@ -4,6 +4,7 @@
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
@@ -13,7 +14,11 @@ from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_hetero._comm import CudaStepTimer, HostStepTimer
-from lightning_hetero.pytorch_lightning._lightning import logging_step, settle_logged_metrics
+from lightning_hetero.pytorch_lightning._lightning import (
+    logging_step,
+    settle_logged_metrics,
+    time_sigterm_broadcast,
+)
 from lightning_hetero.collectives import Collectives
 from lightning_hetero.modes.bsp import mark_grads_ready
 from lightning_hetero.planning.stragglers import (
@@ -92,6 +97,7 @@ class StragglerReport(Callback):
         self.history: list[dict[str, Any]] = []
         self._timer: HostStepTimer | None = None
         self._handles: list[Any] = []
+        self._undo_broadcast: Callable[[], None] = lambda: None
         self._steps: list[tuple[int, float, float]] = []
         self._earlier: RankTiming | None = None  # this rank's previous report
         self._batches = 0
@@ -104,6 +110,9 @@ class StragglerReport(Callback):
         cuda = pl_module.device.type == "cuda"
         self._timer = CudaStepTimer() if cuda else HostStepTimer()
         self._handles = mark_grads_ready(pl_module, self._timer.grads_ready)
+        # Lightning's per-batch broadcast is where a rank waits for the others between the
+        # batches of an accumulated step (no all-reduce there)
+        self._undo_broadcast = time_sigterm_broadcast(trainer, self._timer.waiting)
         self._steps, self._batches, self._earlier = [], 0, None
 
     @override
@@ -117,6 +126,8 @@ class StragglerReport(Callback):
         self._remove_hooks()
 
     def _remove_hooks(self) -> None:
+        self._undo_broadcast()
+        self._undo_broadcast = lambda: None
         for handle in self._handles:
             handle.remove()
         self._handles, self._timer = [], None
