@@ -32,6 +32,34 @@ from lightning_hetero.planning.stragglers import (
 
 __all__ = ["StragglerReport"]
 
+#: The strategy's collectives a training step may call, timed as waiting by the report.
+_STRATEGY_COLLECTIVES = ("reduce", "all_gather", "barrier", "broadcast")
+
+
+def _time_collectives(strategy: Any, waiting: Callable[[], Any]) -> Callable[[], None]:
+    """Run ``strategy``'s collectives inside ``waiting()`` (a timer's context for a
+    collective) and return what puts them back."""
+    before = {name: vars(strategy).get(name) for name in _STRATEGY_COLLECTIVES}
+
+    def timed(function: Callable[..., Any]) -> Callable[..., Any]:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            with waiting():
+                return function(*args, **kwargs)
+
+        return collective
+
+    for name in _STRATEGY_COLLECTIVES:
+        setattr(strategy, name, timed(getattr(strategy, name)))
+
+    def undo() -> None:
+        for name, previous in before.items():
+            if previous is None:
+                vars(strategy).pop(name, None)
+            else:
+                setattr(strategy, name, previous)
+
+    return undo
+
 
 class StragglerReport(Callback):
     """Report which rank sets the pace of the steps, and what ``HeteroStrategy`` would gain.
@@ -98,6 +126,7 @@ class StragglerReport(Callback):
         self._timer: HostStepTimer | None = None
         self._handles: list[Any] = []
         self._undo_broadcast: Callable[[], None] = lambda: None
+        self._undo_collectives: Callable[[], None] = lambda: None
         self._steps: list[tuple[int, float, float]] = []
         self._earlier: RankTiming | None = None  # this rank's previous report
         self._batches = 0
@@ -113,6 +142,9 @@ class StragglerReport(Callback):
         # Lightning's per-batch broadcast is where a rank waits for the others between the
         # batches of an accumulated step (no all-reduce there)
         self._undo_broadcast = time_sigterm_broadcast(trainer, self._timer.waiting)
+        # and the strategy's collectives a step calls (`self.log(..., sync_dist=True)`,
+        # `self.all_gather`): a rank waits there for the slower ones too
+        self._undo_collectives = _time_collectives(trainer.strategy, self._timer.waiting)
         self._steps, self._batches, self._earlier = [], 0, None
 
     @override
@@ -127,7 +159,8 @@ class StragglerReport(Callback):
 
     def _remove_hooks(self) -> None:
         self._undo_broadcast()
-        self._undo_broadcast = lambda: None
+        self._undo_collectives()
+        self._undo_broadcast = self._undo_collectives = lambda: None
         for handle in self._handles:
             handle.remove()
         self._handles, self._timer = [], None
