@@ -29,7 +29,8 @@ def test_the_overhead_benchmark_pairs_ddp_and_hetero_runs():
     assert 0 < pair["boundary_share"] < 1  # the hetero run's boundaries per step / its step
     table = overhead_table(pairs)
     assert table.splitlines()[0].startswith("| DDPStrategy step (ms)")
-    assert table.splitlines()[0].endswith("| boundaries / steps |")
+    assert table.splitlines()[0].endswith("| boundaries / steps | without the all-gather |")
+    assert 0 < pair["boundary_share_local"] <= pair["boundary_share"]
 
 
 def test_the_overhead_table_names_the_pair_it_compares():
