@@ -661,7 +661,7 @@ def tta_figures(runs: dict[str, Run], baseline: str = "ddp") -> dict[str, dict[s
     over this run's; 0: never reached), ``tta_s``, ``epochs_to_target``, ``final_acc`` and
     ``acc_delta`` (final accuracy less ``baseline``'s, in points), as
     ``lightning_hetero.bench.modes.figures`` computes them for real runs."""
-    from lightning_hetero.bench.modes import figures
+    from lightning_hetero.bench._tta import figures
 
     summaries = {
         name: {"accuracy_curve": [(t, a, math.nan) for a, t in zip(*run)], "train_s": run[1][-1]}
