@@ -16,6 +16,7 @@ __all__ = [
     "summarize_steps",
     "verdict",
     "with_earlier_point",
+    "with_latest_other_size",
 ]
 
 #: Relative gap below which no rank is named, however small the noise: ranks of equal speed
@@ -93,6 +94,25 @@ def with_earlier_point(timing: RankTiming, earlier: RankTiming | None) -> RankTi
     if timing.other_batch_size or not usable or earlier.batch_size == timing.batch_size:
         return timing
     return timing._replace(other_batch_size=earlier.batch_size, other_compute_s=earlier.compute_s)
+
+
+def with_latest_other_size(timing: RankTiming, by_size: dict[int, RankTiming]) -> RankTiming:
+    """``with_earlier_point`` from the latest of this rank's reports at another batch size
+    (``by_size``: its latest report at each size, the most recent last, which ``timing``
+    joins): a plan that settled keeps the point from before it moved.
+
+    Example:
+        >>> seen = {}
+        >>> for b, t in ((16, 0.5), (1, 0.26), (1, 0.27)):
+        ...     now = with_latest_other_size(RankTiming(9, t, 0.0, 0.0, b), seen)
+        >>> now.other_batch_size, now.other_compute_s
+        (16, 0.5)
+    """
+    earlier = next((t for b, t in reversed(by_size.items()) if b != timing.batch_size), None)
+    if timing.batch_size > 0 and math.isfinite(timing.compute_s):
+        by_size.pop(timing.batch_size, None)
+        by_size[timing.batch_size] = timing
+    return with_earlier_point(timing, earlier)
 
 
 def pace_setter(

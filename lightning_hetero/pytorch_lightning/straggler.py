@@ -27,7 +27,7 @@ from lightning_hetero.planning.stragglers import (
     Verdict,
     summarize_steps,
     verdict,
-    with_earlier_point,
+    with_latest_other_size,
 )
 
 __all__ = ["StragglerReport"]
@@ -128,7 +128,8 @@ class StragglerReport(Callback):
         self._undo_broadcast: Callable[[], None] = lambda: None
         self._undo_collectives: Callable[[], None] = lambda: None
         self._steps: list[tuple[int, float, float]] = []
-        self._earlier: RankTiming | None = None  # this rank's previous report
+        #: this rank's latest report at each batch size, the most recent last
+        self._by_size: dict[int, RankTiming] = {}
         self._batches = 0
         self._batch_size = 0
         self._warned_no_wait = False
@@ -145,7 +146,7 @@ class StragglerReport(Callback):
         # and the strategy's collectives a step calls (`self.log(..., sync_dist=True)`,
         # `self.all_gather`): a rank waits there for the slower ones too
         self._undo_collectives = _time_collectives(trainer.strategy, self._timer.waiting)
-        self._steps, self._batches, self._earlier = [], 0, None
+        self._steps, self._batches, self._by_size = [], 0, {}
 
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -232,8 +233,8 @@ class StragglerReport(Callback):
             if r.full
         )
         mine, self._steps = summarize_steps(self._steps), []
-        # the previous report's point, where the plan moved since: two points of the curve
-        mine, self._earlier = with_earlier_point(mine, self._earlier), mine
+        # the latest report at another batch size, where the plan moved: a second point
+        mine = with_latest_other_size(mine, self._by_size)
         rows = self._gather(trainer, pl_module, mine)
         decided = verdict(rows, min_gap=self.min_gap)
         entry = {
