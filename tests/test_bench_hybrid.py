@@ -36,11 +36,11 @@ def test_hybrid_configs_share_the_stage_learning_rates_and_only_the_hybrid_resiz
     assert epochs == [sum(s["epochs"] for s in stage["substages"]) for stage in ddp["progressive"]]
     assert {s["resolution"] for st in ddp["progressive"] for s in st["substages"]} == {32}
     first = [st["substages"][0]["resolution"] for st in hyb["progressive"]]
-    assert first == [16, 16, 16]  # every stage starts low
-    assert hyb["sample_cost"]["0"] == pytest.approx([0.0005, 0.0015])
+    assert first == [24, 24, 24]  # every stage starts low
+    assert hyb["sample_cost"]["0"] == pytest.approx([0.002 * 0.5625, 0.006 * 0.5625])
     assert hyb["controller"] == dual["controller"] == "dual"
     assert hyb["extra"] == {"mode": "async"}
-    assert hyb["controller_options"] == {"small_workers": 1, "extra_time_ratio": 1.05}
+    assert hyb["controller_options"] == {"small_workers": 1, "extra_time_ratio": 1.01}
 
 
 @pytest.mark.parametrize(
@@ -48,6 +48,7 @@ def test_hybrid_configs_share_the_stage_learning_rates_and_only_the_hybrid_resiz
     [
         ({"resolutions": (32, 16)}, "go up from low to the task's 32"),
         ({"resolutions": (16, 24)}, "go up from low to the task's 32"),
+        ({"resolutions": (16, 24, 32), "dropouts": (0.1,)}, "one dropout per resolution"),
         ({"dropouts": (0.1,)}, "one dropout per resolution"),
         ({"names": ("ddp", "bsp")}, "unknown configurations"),
     ],
@@ -107,6 +108,7 @@ def test_the_command_passes_its_options_through(monkeypatch, capsys):
     monkeypatch.setattr(hybrid, "measure_hybrid", fake_measure)
     hybrid.main(["--seeds", "3", "--resolutions", "24", "32", "--configs", "ddp", "dual"])
     assert seen["seeds"] == [3] and seen["speeds"] == ["slow"] and seen["epochs"] == 12
+    assert seen["hybrid_epochs"] == 14 and seen["extra_time_ratio"] == 1.01
     assert seen["resolutions"] == (24, 32) and seen["configs"] == ["ddp", "dual"]
     assert "Task `images`, 2 ranks" in capsys.readouterr().out
 
