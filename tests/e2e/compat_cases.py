@@ -180,9 +180,7 @@ FSDP = (
 
 ITERABLE = "refused: it is an IterableDataset, which hands each rank an equal share itself"
 #: a collective in training_step under unequal micro-batch counts (issue 40, item 2)
-ALL_REDUCE = (
-    "refused: `torch.distributed.all_reduce` was called inside a"  # on every rank: no hang
-)
+ALL_REDUCE = "refused: `torch.distributed.all_reduce` was called inside a"  # on every rank: no hang
 #: ranks that make different numbers of steps per epoch (local SGD, dual batch) cannot
 #: sync on a step, nor save on one
 UNEVEN_SYNC = "refused: cannot be synced on the step: log it with `on_step=False, on_epoch=True`"
