@@ -181,7 +181,7 @@ class HeteroCallback(Callback):
         # at the last boundary's epoch (after the loop, `current_epoch` is one past it)
         metrics = {**summary_metrics(self.summary), "epoch": history[-1]["epoch"]}
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=logging_step(trainer))
+            logger.log_metrics(metrics=metrics, step=logging_step(trainer))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("hetero/summary", summary_table(self.summary))
