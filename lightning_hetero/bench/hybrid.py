@@ -13,7 +13,7 @@ back to back with the same seed:
 - ``dual``: the same without progressive learning (``--configs``), to tell the two apart.
 
 The report is ``bench.modes``'s table with issue 41's target for the hybrid: at least DDP's
-final accuracy in at most 0.9 of DDP's time::
+final accuracy in at most 0.9 of DDP's time:
 
     nice -n 10 python -m lightning_hetero.bench.hybrid --seeds 0 1 2
 
