@@ -311,9 +311,9 @@ class _Recorded(BoringModel):
         return torch.utils.data.DataLoader(data, batch_size=4, shuffle=False)
 
 
-def _accumulating_fit(tmp_path, strategy, ckpt_path=None, **options):
+def _accumulating_fit(tmp_path, strategy, ckpt_path=None, model=None, **options):
     torch.manual_seed(0)
-    model = _Recorded()
+    model = (model or _Recorded)()
     settings = {
         "logger": False,
         "enable_checkpointing": False,
@@ -370,21 +370,9 @@ def test_one_rank_runs_lightnings_accumulation_as_it_is(tmp_path, monkeypatch, m
     monkeypatch.setattr(MicroBatches, "takes_over_one_rank", False)
     seen = {}
     for name, strategy in (("plain", "auto"), ("hetero", HeteroStrategy(shuffle=False))):
-        torch.manual_seed(0)
-        trainer = pl.Trainer(
-            strategy=strategy,
-            accelerator="cpu",
-            devices=1,
-            accumulate_grad_batches=4,
-            max_epochs=1,
-            limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path / name,
-        )
-        trainer.fit(instance := model())
-        seen[name] = (instance.seen, instance.stepped, trainer.num_training_batches)
+        options = {"max_epochs": 1, "limit_val_batches": 0}
+        trainer, got = _accumulating_fit(tmp_path / name, strategy, model=model, **options)
+        seen[name] = (got.seen, got.stepped, trainer.num_training_batches)
         assert trainer.accumulate_grad_batches == 4
     assert seen["hetero"] == seen["plain"]
     if model is _Recorded:  # 24 loader batches, an optimizer step every 4
@@ -407,21 +395,11 @@ def test_stochastic_weight_averagings_batch_norm_epoch_runs_no_backward_in_any_m
 
     models = {}
     for name, strategy in (("plain", "auto"), ("hetero", HeteroStrategy(shuffle=False))):
-        torch.manual_seed(0)
-        trainer = pl.Trainer(
-            strategy=strategy,
-            accelerator="cpu",
-            devices=1,
-            accumulate_grad_batches=4,
-            max_epochs=2,
-            limit_val_batches=0,
-            callbacks=[StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1)],
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path / name,
+        swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1)
+        options = {"max_epochs": 2, "limit_val_batches": 0, "callbacks": [swa]}
+        _, models[name] = _accumulating_fit(
+            tmp_path / name, strategy, model=_NormedRecorded, **options
         )
-        trainer.fit(models.setdefault(name, _NormedRecorded()))
     assert models["hetero"].seen == [4] * 72  # 24 loader batches x 3 epochs, the last SWA's
     for mine, theirs in zip(
         models["hetero"].state_dict().values(), models["plain"].state_dict().values()
