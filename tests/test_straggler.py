@@ -134,11 +134,23 @@ def test_the_line_says_when_no_rank_sets_the_pace_or_a_rank_has_no_timings():
     assert untimed.endswith("no timed steps on rank(s) [1] since the last report.")
 
 
+def _recorded_waiting(events: list[str]):
+    """A timer's ``waiting`` that records where it begins and ends in ``events``."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def waiting():
+        events.append("(")
+        yield
+        events.append(")")
+
+    return waiting
+
+
 def test_lightnings_per_batch_broadcast_is_timed_as_waiting_and_put_back():
     """Under accumulation a DDP rank meets its slower peers in Lightning's SIGTERM broadcast
     before every loader batch, not only in the all-reduce: the report counts it as wait
     (before, a 2.6x slower rank under accumulation 2 read as no pace-setter)."""
-    from contextlib import contextmanager
     from types import SimpleNamespace
 
     from lightning_hetero._lightning import time_sigterm_broadcast
@@ -149,17 +161,11 @@ def test_lightnings_per_batch_broadcast_is_timed_as_waiting_and_put_back():
         def _broadcast_sigterm_tensor(self):
             events.append("broadcast")
 
-    @contextmanager
-    def waiting():
-        events.append("wait begins")
-        yield
-        events.append("wait ends")
-
     loop = Loop()
     trainer = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=loop))
-    undo = time_sigterm_broadcast(trainer, waiting)
+    undo = time_sigterm_broadcast(trainer, _recorded_waiting(events))
     loop._broadcast_sigterm_tensor()
-    assert events == ["wait begins", "broadcast", "wait ends"]
+    assert events == ["(", "broadcast", ")"]
     undo()
     loop._broadcast_sigterm_tensor()
     assert events[-1] == "broadcast" and len(events) == 4
@@ -169,8 +175,6 @@ def test_the_strategys_collectives_in_a_step_are_timed_as_waiting_and_put_back()
     """``self.log(..., sync_dist=True)`` reduces inside ``training_step``: a faster rank waits
     there for the slower ones (before, counted as its compute: a 2.6x straggler under
     accumulation read as 1.4x)."""
-    from contextlib import contextmanager
-
     from lightning_hetero.straggler import _time_collectives
 
     events = []
@@ -185,14 +189,8 @@ def test_the_strategys_collectives_in_a_step_are_timed_as_waiting_and_put_back()
 
         all_gather = broadcast = reduce
 
-    @contextmanager
-    def waiting():
-        events.append("(")
-        yield
-        events.append(")")
-
     strategy = Strategy()
-    undo = _time_collectives(strategy, waiting)
+    undo = _time_collectives(strategy, _recorded_waiting(events))
     assert strategy.reduce(3) == 3
     strategy.barrier()
     assert events == ["(", "reduce", ")", "(", "barrier", ")"]
