@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["CudaStepTimer", "HostStepTimer", "StepRecord"]
+__all__ = ["CudaStepTimer", "HostStepTimer", "StepRecord", "time_calls"]
 
 
 class StepRecord(NamedTuple):
@@ -29,6 +29,34 @@ class StepRecord(NamedTuple):
     #: ``(samples, compute seconds)`` of each micro-batch, where the step ran its batch as two
     #: or more (each backward's share of ``compute_s``, waits excluded); else empty.
     micro: tuple[tuple[int, float], ...] = ()
+
+
+def time_calls(
+    owner: Any, names: tuple[str, ...], waiting: Callable[[], Any]
+) -> Callable[[], None]:
+    """Run ``owner``'s methods ``names`` (collectives) inside ``waiting()``, a step timer's
+    context for time spent waiting for other ranks; returns what puts them back as they were
+    (an attribute ``owner`` held of its own is restored, one it did not hold is removed)."""
+    before = {name: vars(owner).get(name) for name in names}
+
+    def timed(function: Callable[..., Any]) -> Callable[..., Any]:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            with waiting():
+                return function(*args, **kwargs)
+
+        return collective
+
+    for name in names:
+        setattr(owner, name, timed(getattr(owner, name)))
+
+    def undo() -> None:
+        for name, previous in before.items():
+            if previous is None:
+                vars(owner).pop(name, None)
+            else:
+                setattr(owner, name, previous)
+
+    return undo
 
 
 class HostStepTimer:

@@ -25,6 +25,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lightning_hetero._comm import time_calls
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
     import torch
@@ -235,21 +237,9 @@ def time_sigterm_broadcast(trainer: "pl.Trainer", waiting: Callable[[], Any]) ->
     batch, and not only in the optimizer step's all-reduce: that wait is no compute.
     """
     loop = trainer.fit_loop.epoch_loop
-    broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
-    if broadcast is None:
+    if not hasattr(loop, "_broadcast_sigterm_tensor"):
         return lambda: None  # earlier releases have no such broadcast
-
-    def timed() -> None:
-        with waiting():
-            broadcast()
-
-    loop._broadcast_sigterm_tensor = timed
-
-    def undo() -> None:
-        if loop.__dict__.get("_broadcast_sigterm_tensor") is timed:
-            del loop._broadcast_sigterm_tensor
-
-    return undo
+    return time_calls(loop, ("_broadcast_sigterm_tensor",), waiting)
 
 
 def model_parallel_setup(

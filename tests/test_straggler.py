@@ -175,7 +175,8 @@ def test_the_strategys_collectives_in_a_step_are_timed_as_waiting_and_put_back()
     """``self.log(..., sync_dist=True)`` reduces inside ``training_step``: a faster rank waits
     there for the slower ones (before, counted as its compute: a 2.6x straggler under
     accumulation read as 1.4x)."""
-    from lightning_hetero.straggler import _time_collectives
+    from lightning_hetero._comm import time_calls
+    from lightning_hetero.straggler import _STRATEGY_COLLECTIVES
 
     events = []
 
@@ -190,7 +191,7 @@ def test_the_strategys_collectives_in_a_step_are_timed_as_waiting_and_put_back()
         all_gather = broadcast = reduce
 
     strategy = Strategy()
-    undo = _time_collectives(strategy, _recorded_waiting(events))
+    undo = time_calls(strategy, _STRATEGY_COLLECTIVES, _recorded_waiting(events))
     assert strategy.reduce(3) == 3
     strategy.barrier()
     assert events == ["(", "reduce", ")", "(", "barrier", ")"]

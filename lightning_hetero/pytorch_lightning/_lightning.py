@@ -27,6 +27,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from lightning_hetero._comm import time_calls
+
 if TYPE_CHECKING:
     import pytorch_lightning as pl
     import torch
@@ -237,21 +239,9 @@ def time_sigterm_broadcast(trainer: "pl.Trainer", waiting: Callable[[], Any]) ->
     batch, and not only in the optimizer step's all-reduce: that wait is no compute.
     """
     loop = trainer.fit_loop.epoch_loop
-    broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
-    if broadcast is None:
+    if not hasattr(loop, "_broadcast_sigterm_tensor"):
         return lambda: None  # earlier releases have no such broadcast
-
-    def timed() -> None:
-        with waiting():
-            broadcast()
-
-    loop._broadcast_sigterm_tensor = timed
-
-    def undo() -> None:
-        if loop.__dict__.get("_broadcast_sigterm_tensor") is timed:
-            del loop._broadcast_sigterm_tensor
-
-    return undo
+    return time_calls(loop, ("_broadcast_sigterm_tensor",), waiting)
 
 
 def model_parallel_setup(

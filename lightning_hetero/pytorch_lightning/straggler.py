@@ -13,7 +13,7 @@ from pytorch_lightning.utilities.data import extract_batch_size
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_hetero._comm import CudaStepTimer, HostStepTimer
+from lightning_hetero._comm import CudaStepTimer, HostStepTimer, time_calls
 from lightning_hetero.pytorch_lightning._lightning import (
     logging_step,
     settle_logged_metrics,
@@ -34,31 +34,6 @@ __all__ = ["StragglerReport"]
 
 #: The strategy's collectives a training step may call, timed as waiting by the report.
 _STRATEGY_COLLECTIVES = ("reduce", "all_gather", "barrier", "broadcast")
-
-
-def _time_collectives(strategy: Any, waiting: Callable[[], Any]) -> Callable[[], None]:
-    """Run ``strategy``'s collectives inside ``waiting()`` (a timer's context for a
-    collective) and return what puts them back."""
-    before = {name: vars(strategy).get(name) for name in _STRATEGY_COLLECTIVES}
-
-    def timed(function: Callable[..., Any]) -> Callable[..., Any]:
-        def collective(*args: Any, **kwargs: Any) -> Any:
-            with waiting():
-                return function(*args, **kwargs)
-
-        return collective
-
-    for name in _STRATEGY_COLLECTIVES:
-        setattr(strategy, name, timed(getattr(strategy, name)))
-
-    def undo() -> None:
-        for name, previous in before.items():
-            if previous is None:
-                vars(strategy).pop(name, None)
-            else:
-                setattr(strategy, name, previous)
-
-    return undo
 
 
 class StragglerReport(Callback):
@@ -145,7 +120,9 @@ class StragglerReport(Callback):
         self._undo_broadcast = time_sigterm_broadcast(trainer, self._timer.waiting)
         # and the strategy's collectives a step calls (`self.log(..., sync_dist=True)`,
         # `self.all_gather`): a rank waits there for the slower ones too
-        self._undo_collectives = _time_collectives(trainer.strategy, self._timer.waiting)
+        self._undo_collectives = time_calls(
+            trainer.strategy, _STRATEGY_COLLECTIVES, self._timer.waiting
+        )
         self._steps, self._batches, self._by_size = [], 0, {}
 
     @override
