@@ -653,24 +653,28 @@ class MicroBatches:
         strategy = self.strategy
         bounds, sampler = strategy.micro_bounds, strategy.training_mode.sampler
         module = strategy.lightning_module
-        if isinstance(sampler, GlobalBatchSampler) and strategy.plan_state.accumulation > 1:
-            self._ddp_window(sampler, batch_idx)
-        if (
-            bounds is None
-            or not self.refused
-            or not isinstance(sampler, GlobalBatchSampler)
-            or not (module.trainer.training and module.automatic_optimization)
-        ):
+        window = strategy.plan_state.accumulation > 1
+        counted = (
+            bounds is not None
+            and bool(self.refused)
+            and module.trainer.training
+            and module.automatic_optimization
+        )
+        if not isinstance(sampler, GlobalBatchSampler) or not (window or counted):
             return
         _, shares = sampler.layout(min(batch_idx, len(sampler) - 1))
+        if window:
+            self._ddp_window(sampler.global_batch_size, sum(shares))
+        if not counted:
+            return
         lower = strategy.plan_state.lower()
         counts = [len(micro_sizes(n, bounds[k], lower)) for k, n in enumerate(shares)]
         if len(set(counts)) > 1:
             self.uneven = counts
 
-    def _ddp_window(self, sampler: GlobalBatchSampler, batch_idx: int) -> None:
-        _, shares = sampler.layout(min(batch_idx, len(sampler) - 1))
-        window, taken = sampler.global_batch_size, sum(shares)
+    def _ddp_window(self, window: int, taken: int) -> None:
+        """A step of ``taken`` samples where a full one has ``window``: an epoch's last,
+        partial window of whole loader batches weighs over the full window."""
         loader_batches = self._loader_batch * self.strategy.world_size
         if taken < window and loader_batches and taken % loader_batches == 0:
             mode = self.strategy.training_mode
@@ -712,19 +716,15 @@ class MicroBatches:
         self._losses, self._step_loss = [], None
         try:
             output = self._step(first, sizes[0], other, kwargs, last=False)
+            loss = output.get("loss") if isinstance(output, Mapping) else output
+            if isinstance(loss, torch.Tensor):  # else the step's loss stays Lightning's
+                self._losses.append((loss.detach(), sizes[0]))
+            if skips_backward(self.strategy.lightning_module.trainer):
+                # no backward will follow to run the others (SWA's batch-norm epoch): now
+                self.run_rest(None)
         except BaseException as error:
             self.abort(error)
             raise
-        loss = output.get("loss") if isinstance(output, Mapping) else output
-        if isinstance(loss, torch.Tensor):  # else the step's loss stays Lightning's
-            self._losses.append((loss.detach(), sizes[0]))
-        if skips_backward(self.strategy.lightning_module.trainer):
-            # no backward will follow to run the others (SWA's batch-norm epoch): now
-            try:
-                self.run_rest(None)
-            except BaseException as error:
-                self.abort(error)
-                raise
         return output
 
     def _step(
