@@ -6,7 +6,7 @@ process.
 """
 
 import atexit
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -113,17 +113,38 @@ class Collectives:
 
     def gather_rows(self, values: Sequence[float]) -> list[list[float]]:
         """All-gather one row of floats per rank; returns the rows in rank order."""
-        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         if not self.distributed:
-            return [tensor.tolist()]
-        if not tensor.numel():
+            return [[float(v) for v in values]]
+        if not values:
             return [[] for _ in range(self.world_size)]
-        # into one packed tensor, copied to the host once: not a tensor and a copy per rank
-        packed = torch.empty(
-            self.world_size * tensor.numel(), dtype=tensor.dtype, device=self.device
-        )
+        tensor, packed = self._row_and_rows(values)
         _ALL_GATHER_SINGLE(packed, tensor)
         return packed.view(self.world_size, -1).cpu().tolist()
+
+    def start_gather_rows(self, values: Sequence[float]) -> Callable[[], list[list[float]]]:
+        """Start ``gather_rows`` without waiting for the other ranks: the returned function
+        waits for it and returns the rows. Every rank must start its collectives in the same
+        order; it may run others before it waits (the process group runs them in the order
+        they were started)."""
+        if not self.distributed or not values:
+            rows = self.gather_rows(values)
+            return lambda: rows
+        tensor, packed = self._row_and_rows(values)
+        work = _ALL_GATHER_SINGLE(packed, tensor, async_op=True)
+
+        def rows() -> list[list[float]]:
+            work.wait()
+            return packed.view(self.world_size, -1).cpu().tolist()
+
+        return rows
+
+    def _row_and_rows(self, values: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's row as a tensor, and one packed tensor for every rank's rows (copied to
+        the host once: not a tensor and a copy per rank)."""
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        return tensor, torch.empty(
+            self.world_size * len(tensor), dtype=tensor.dtype, device=self.device
+        )
 
     def gather_objects(self, value: Any) -> list[Any]:
         """All-gather one picklable object per rank; returns them in rank order."""

@@ -4,8 +4,10 @@ One ``Replanner`` belongs to each strategy. It folds every training step's timin
 robust per-rank statistics ([`TimingSmoother`][lightning_hetero.planning.TimingSmoother]); at a
 boundary (an epoch end, every ``adjust_every`` batches, or when a mode calls its
 ``replan``, e.g. at each local-SGD merge) it all-gathers one ``RankReport`` per
-rank, runs the controller on rank 0, broadcasts the plan, applies it through the mode and
-records a history entry. No Lightning here: the callback feeds it Lightning's hooks and
+rank, runs the controller (on every rank, or on rank 0, which broadcasts the plan), applies
+it through the mode and records a history entry. At boundaries every ``adjust_every``
+batches of a lock-step mode the all-gather overlaps training: each boundary decides on the
+reports the one before sent. No Lightning here: the callback feeds it Lightning's hooks and
 logs what it records.
 """
 
@@ -44,6 +46,19 @@ SMOOTHING_DEFAULT = 0.8
 #: A plan kept at a balance below this is explained, at most every that many boundaries.
 _SAY_HELD_BELOW = 0.9
 _SAY_HELD_EVERY = 20
+
+
+@dataclass
+class _Sent:
+    """A boundary whose report is on its way (``rows`` waits for every rank's)."""
+
+    epoch: int
+    step: int
+    epoch_batches: int  # the epoch's batches when it was sent
+    extra: dict[str, Any]  # the mode's figures (``boundary_stats``)
+    rows: Callable[[], list[list[float]]]
+    sent_s: float  # seconds spent sending it (the report and the gather or its start)
+    gather_s: float  # of those, in the gather
 
 
 def check_replan_options(
@@ -163,6 +178,8 @@ class Replanner:
         self._model_key: tuple[int, ...] | None = None  # see `_model_changed`
         self._params_of: tuple[Any, list[Any]] | None = None  # the module, its parameters
         self._held_said_at: int | None = None  # the boundary `_say_held` last spoke at
+        self._in_flight: _Sent | None = None  # see `_overlaps`
+        self._said_unmeasured = False
 
     @property
     def controller(self) -> Controller:
@@ -202,6 +219,8 @@ class Replanner:
         self._smoother = TimingSmoother()
         self._meter = ResourceMeter(ctx.device)
         self._epoch_batches = 0  # a resume inside an epoch gets no `epoch_started`
+        self._in_flight = None
+        self._said_unmeasured = False
         with ctx.comm.guarded("the gather of host names"):
             rows = ctx.comm.gather_objects((socket.gethostname(), ctx.local_rank))
         self._identities = [RankIdentity(str(name), int(local)) for name, local in rows]
@@ -229,7 +248,39 @@ class Replanner:
             self._collect()
         if self.adjust_every != "epoch" and self.batches % self.adjust_every == 0:
             with self.ctx.timer.waiting():  # the same on every rank: not the next step's cost
-                self.boundary(epoch, global_step)
+                if self._overlaps:
+                    self._overlapped_boundary(epoch, global_step)
+                else:
+                    self.boundary(epoch, global_step)
+
+    @property
+    def _overlaps(self) -> bool:
+        """Whether boundaries every ``adjust_every`` batches overlap their all-gather with
+        training: several ranks that step together (so every rank draws one batch per
+        batch trained, and the step no rank has drawn yet is known one boundary later) and
+        a controller every rank runs (no broadcast to wait for)."""
+        return (
+            self.ctx.world_size > 1
+            and self.training_mode.steps_together
+            and self.controller.replicable
+        )
+
+    def _overlapped_boundary(self, epoch: int, global_step: int) -> None:
+        """Decide on the previous boundary's reports (their all-gather has had
+        ``adjust_every`` batches to arrive), then send this one's: a blocking gather per
+        boundary would cost a large part of a short step (issue 42)."""
+        if self.training_mode.sampler is None or self.ctx.plan_state.limits is None:
+            return
+        self.land()
+        self._in_flight = self._send(epoch, global_step, overlap=True)
+
+    def land(self, next_epoch: bool = False) -> None:
+        """Decide on the boundary whose all-gather is in flight, if any (every rank
+        together). ``next_epoch``: the epoch's batches are over, so its plan applies from
+        the next epoch."""
+        sent, self._in_flight = self._in_flight, None
+        if sent is not None:
+            self._settle(sent, None, next_epoch)
 
     def epoch_finished(self, epoch: int, global_step: int) -> None:
         """The epoch's batches are over: the mode's epoch end, then an epoch boundary.
@@ -237,6 +288,7 @@ class Replanner:
         No boundary when this fit trained no batch of the epoch: a resume from a checkpoint
         written by validation after the epoch's last batch ends that epoch at once, with
         nothing measured (every rank alike: the count is Lightning's, not a timing)."""
+        self.land(next_epoch=True)
         if (
             self.training_mode.on_train_epoch_end()
             and self.adjust_every == "epoch"
@@ -268,20 +320,46 @@ class Replanner:
         make different numbers of updates (local mode); the controller's ``RankStats`` get
         them. Must be called on every rank together.
         """
-        ctx, state = self.ctx, self.ctx.plan_state
-        if self.training_mode.sampler is None or state.limits is None:
+        if self.training_mode.sampler is None or self.ctx.plan_state.limits is None:
             return
+        self._settle(self._send(epoch, global_step), updates)
+
+    def _send(self, epoch: int, global_step: int, overlap: bool = False) -> _Sent:
+        """This rank's report, gathered from every rank (``overlap``: on its way)."""
         started = time.perf_counter()
         report = self.report()
         extra = self.training_mode.boundary_stats()  # before the gather (see the mode)
-        with ctx.comm.guarded("the boundary's all-gather"):
+        comm = self.ctx.comm
+        with comm.guarded("the boundary's all-gather"):
             gather_started = time.perf_counter()
-            rows = ctx.comm.gather_rows(report.row())
-            gather_s = time.perf_counter() - gather_started  # waiting for the last rank too
+            if overlap:
+                rows = comm.start_gather_rows(report.row())
+            else:
+                gathered = comm.gather_rows(report.row())  # waiting for the last rank too
+                rows = lambda: gathered  # noqa: E731
+            ended = time.perf_counter()
+        return _Sent(
+            epoch, global_step, self._epoch_batches, extra, rows, ended - started,
+            ended - gather_started,
+        )  # fmt: skip
+
+    def _settle(
+        self, sent: _Sent, updates: list[int] | None = None, next_epoch: bool = False
+    ) -> None:
+        """Wait for ``sent``'s reports, decide, apply the plan from a step no rank has drawn
+        (``next_epoch``: from the next epoch) and record the boundary."""
+        ctx, state = self.ctx, self.ctx.plan_state
+        started = time.perf_counter()
+        with ctx.comm.guarded("the boundary's all-gather"):
+            rows = sent.rows()
+        gather_s = sent.gather_s + time.perf_counter() - started
+        epoch, global_step, extra = sent.epoch, sent.step, sent.extra
         got = RankReport.columns(rows)
         self._check_same_plan(got["plan_check"])
         measured, compute_s = got["batch_size"], got["compute_s"]
-        first_undrawn_step = max(got["drawn"])
+        # each rank has drawn one batch per batch trained since it sent its report
+        drawn = max(got["drawn"]) + self._epoch_batches - sent.epoch_batches
+        first_undrawn_step = None if next_epoch else drawn
         counts = updates or [None] * len(measured)
         self._samples_per_s = [
             b / t if math.isfinite(t) and t > 0 else math.nan for b, t in zip(measured, compute_s)
@@ -310,10 +388,13 @@ class Replanner:
                 f" keeping the plan {plan}."
             )
         elif measured != plan:
-            rank_zero_info(
-                "hetero: no timings at the current plan yet (the last change has not reached every"
-                " rank's loader); keeping the plan until the next boundary."
-            )
+            if not self._said_unmeasured:  # after every change at short intervals: once
+                self._said_unmeasured = True
+                rank_zero_info(
+                    "hetero: no timings at the current plan yet (the last change has not reached"
+                    " every rank's loader); keeping the plan until a boundary has measured it."
+                    " (Said once per fit; the fit summary counts these holds.)"
+                )
         elif not all(math.isfinite(t) and t > 0 for t in compute_s):
             rank_zero_warn(
                 f"hetero: compute times {compute_s} are not all finite and positive; keeping the"
@@ -364,7 +445,7 @@ class Replanner:
             entry["held_at_minimum"] = self._check_minimum()
         entry["next_batch_sizes"] = state.batch_sizes
         entry.update(extra)
-        entry["boundary_s"] = time.perf_counter() - started
+        entry["boundary_s"] = sent.sent_s + time.perf_counter() - started
         entry["gather_s"] = gather_s
         self.history.append(entry)
         if self.on_record is not None:

@@ -207,6 +207,10 @@ class _CountingComm(Collectives):
     def gather_rows(self, values):
         return [list(values)] + (self.rows or [list(values)])
 
+    def start_gather_rows(self, values):
+        rows = self.gather_rows(values)
+        return lambda: rows
+
     def broadcast_ints(self, values):
         self.broadcasts.append(list(values))
         return list(values)
@@ -232,6 +236,57 @@ def test_a_replicable_controller_decides_on_every_rank_without_a_broadcast(repli
     _end_epoch(replanner, steps=3)
     assert host.comm.broadcasts == ([] if replicable else [[8, 8]])
     assert replanner.history[-1]["next_batch_sizes"] == [8, 8]
+
+
+class _Move(Controller):
+    """Asks for [10, 6] whatever it measures; every rank decides alike."""
+
+    replicable = True
+
+    def update(self, batch_sizes, compute_s, limits, stats=None):
+        return [10, 6]
+
+
+def test_boundaries_every_n_batches_decide_on_the_reports_the_boundary_before_sent():
+    """Lock-step ranks, ``adjust_every=2``: a boundary starts its all-gather and decides on
+    the one the boundary before started (which had 2 batches to arrive), applying the plan
+    from the first step no rank has drawn: the step each rank had drawn when it sent its
+    report, plus the 2 batches trained since. The epoch's end decides on the last one."""
+    host = _two_ranks(_Move())
+    replanner = host.replanner(_Move(), smoothing=0.0, adjust_every=2)
+    replanner.start()
+    replanner.epoch_started()
+    replanner.batch_finished(epoch=0, global_step=1)
+    replanner.batch_finished(epoch=0, global_step=2)
+    assert replanner.history == [] and host.applied == []  # in flight
+    _timed(host, 8, 2, 0.04)
+    replanner.batch_finished(epoch=0, global_step=3)
+    replanner.batch_finished(epoch=0, global_step=4)
+    (first,) = replanner.history
+    assert first["step"] == 2 and first["changed"] and first["next_batch_sizes"] == [10, 6]
+    assert host.applied == [([10, 6], 4 + 2)]  # the fake mode reports 4 drawn steps
+    assert 0 <= first["gather_s"] <= first["boundary_s"]
+    replanner.epoch_finished(epoch=0, global_step=4)
+    assert [entry["step"] for entry in replanner.history] == [2, 4]
+    assert host.applied == [([10, 6], 6)]  # still measured at [8, 8]: kept
+    assert replanner._in_flight is None
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_boundaries_decide_at_once_with_one_rank_or_a_controller_rank_0_runs(ranks):
+    # one rank: nothing to wait for; rank 0's controller: the broadcast waits anyway
+    controller = ProportionalController() if ranks == 1 else _Keep()
+    assert controller.replicable == (ranks == 1)
+    host = _two_ranks(controller) if ranks == 2 else _Host([16])
+    _timed(host, 16 // ranks, 3, 0.04)
+    replanner = host.replanner(controller, smoothing=0.0, adjust_every=2)
+    replanner.start()
+    replanner.epoch_started()
+    replanner.batch_finished(epoch=0, global_step=1)
+    replanner.batch_finished(epoch=0, global_step=2)
+    assert [entry["step"] for entry in replanner.history] == [2]
+    if ranks == 2:
+        assert host.comm.broadcasts == [[8, 8]]
 
 
 def test_ranks_holding_different_plans_stop_with_a_message_naming_the_controller():
@@ -578,3 +633,27 @@ def test_a_note_is_attached_once_however_many_calls_the_error_passes_through():
     assert getattr(error, "__notes__", [""]) == [
         "hetero: backward with its gradient all-reduce failed on rank 0."
     ]
+
+
+def _overlap_worker(rank: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    comm = Collectives(rank, 2, torch.device("cpu"))
+    rows = comm.start_gather_rows([float(rank), 10.0 + rank])
+    grads = torch.full((3,), float(rank + 1))
+    dist.all_reduce(grads)  # a training step's all-reduce while the rows travel
+    empty = comm.start_gather_rows([])
+    got = {"rows": rows(), "grads": grads.tolist(), "empty": empty()}
+    if rank == 0:
+        torch.save(got, out)
+    dist.destroy_process_group()
+
+
+def test_a_started_gather_is_read_after_other_collectives_on_two_gloo_ranks(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "got.pt"
+    mp.spawn(_overlap_worker, args=(str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    got = torch.load(out)
+    assert got == {"rows": [[0.0, 10.0], [1.0, 11.0]], "grads": [3.0] * 3, "empty": [[], []]}

@@ -1,7 +1,8 @@
 """Per-rank statistics of step timings between two plan changes."""
 
+from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from math import hypot, isfinite, nan, sqrt
 from statistics import fmean, median
@@ -34,22 +35,67 @@ def robust_centre(values: list[float]) -> tuple[float, float]:
     """
     if not values:
         return nan, nan
-    centre = median(values)
-    if len(values) < 2:
+    ordered = sorted(values)
+    centre = _sorted_median(ordered)
+    if len(ordered) < 2:
         return centre, nan
-    return centre, _MEDIAN_SE * _spread(values, centre) / sqrt(len(values))
+    return centre, _MEDIAN_SE * _sorted_spread(ordered, centre) / sqrt(len(ordered))
+
+
+def _sorted_median(ordered: Sequence[float]) -> float:
+    """``statistics.median`` of values already in ascending order."""
+    n = len(ordered)
+    half = n // 2
+    return ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 def _spread(values: Sequence[float], centre: float) -> float:
     """The median absolute deviation of ``values`` from ``centre``, or half their
     interquartile range where that is larger."""
-    spread = median(abs(v - centre) for v in values)
+    return _sorted_spread(sorted(values), centre)
+
+
+def _sorted_spread(ordered: Sequence[float], centre: float) -> float:
+    """``_spread`` of values already in ascending order (their deviations are a falling
+    run, then a rising one: sorting them is a merge)."""
+    spread = _sorted_median(sorted([abs(v - centre) for v in ordered]))
     # half the interquartile range equals the MAD on symmetric noise; where stalls make the
     # steps two clusters (a third of them slow, say) the MAD sees only the cluster that holds
     # the median and the IQR sees both: the larger says how far the median may be off
-    ordered = sorted(values)
-    half_iqr = 0.5 * (ordered[(3 * len(values)) // 4] - ordered[len(values) // 4])
+    half_iqr = 0.5 * (ordered[(3 * len(ordered)) // 4] - ordered[len(ordered) // 4])
     return max(spread, half_iqr)
+
+
+class _Window:
+    """The latest ``maxlen`` values, in arrival order and sorted: a boundary at every step
+    or two reads their median without sorting a thousand of them."""
+
+    def __init__(self, maxlen: int) -> None:
+        self._values: deque[float] = deque(maxlen=maxlen)
+        self._ordered: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._values)
+
+    def append(self, value: float) -> None:
+        if len(self._values) == self._values.maxlen:
+            del self._ordered[bisect_left(self._ordered, self._values[0])]
+        self._values.append(value)
+        insort(self._ordered, value)
+
+    def clear(self) -> None:
+        self._values.clear()
+        self._ordered.clear()
+
+    def extend(self, values: Iterable[float]) -> None:
+        for value in values:
+            self.append(value)
+
+    def median(self) -> float:
+        return _sorted_median(self._ordered) if self._ordered else nan
 
 
 def micro_batch_centre(
@@ -151,8 +197,8 @@ class TimingSmoother:
     def reset(self) -> None:
         """Forget all samples."""
         self.batch_size = self.steps = self.full_steps = self.plan = 0
-        self._compute: deque[float] = deque(maxlen=self.window)
-        self._wait: deque[float] = deque(maxlen=self.window)
+        self._compute = _Window(self.window)
+        self._wait = _Window(self.window)
         # per step: its micro-batches' seconds per sample (``None``: run as one batch), and
         # its compute outside them
         self._micro: deque[tuple[float, ...] | None] = deque(maxlen=self.window)
@@ -245,12 +291,12 @@ class TimingSmoother:
         by_micro = self._by_micro_batch()
         if by_micro is not None:
             return by_micro[0]
-        return median(self._compute) if self._compute else nan
+        return self._compute.median()
 
     @property
     def wait_s(self) -> float:
         """Median wait for other ranks per step since the last change."""
-        return median(self._wait) if self._wait else nan
+        return self._wait.median()
 
     @property
     def compute_se(self) -> float:

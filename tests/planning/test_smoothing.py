@@ -254,3 +254,35 @@ def test_steps_without_micro_batches_keep_the_median_of_the_steps() -> None:
     s.update(16, 0.05, 0.0)  # one step as a whole batch: the micro-batches no longer describe all
     s.update(16, 0.04, 0.0, micro=((16, 0.02),))  # a single part is no micro-batching
     assert s.compute_s == pytest.approx(0.04)
+
+
+def test_medians_kept_sorted_equal_statistics_median_as_the_window_slides() -> None:
+    """The smoother keeps its steps sorted as they arrive and leave the window (a boundary
+    at every step reads medians without sorting); every figure equals the plain
+    computation over the steps held, through evictions and a speed-change restart."""
+    rng = random.Random(3)
+    smoother = TimingSmoother(window=50)
+    times = [rng.uniform(0.9, 1.1) * (2.0 if k > 150 else 1.0) for k in range(300)]
+    lengths = []
+    for k, t in enumerate(times):
+        smoother.update(batch_size=8, compute_s=t, wait_s=t / 7)
+        if k % 7 == 0:
+            smoother.mark()
+        held = list(smoother._compute)
+        lengths.append(len(held))
+        assert held == times[k + 1 - len(held) : k + 1]  # the latest steps, in order
+        assert smoother.compute_s == statistics.median(held)
+        assert smoother.wait_s == statistics.median(t / 7 for t in held)
+    assert min(lengths[100:]) < 50 == lengths[-1]  # restarted at the speed change, refilled
+
+
+@pytest.mark.parametrize("n", [2, 3, 10, 11, 256])
+def test_robust_centre_equals_its_definition(n: int) -> None:
+    rng = random.Random(n)
+    values = [rng.lognormvariate(0, 0.3) for _ in range(n)]
+    centre = statistics.median(values)
+    mad = statistics.median(abs(v - centre) for v in values)
+    ordered = sorted(values)
+    half_iqr = 0.5 * (ordered[(3 * n) // 4] - ordered[n // 4])
+    expected = 1.8582 * max(mad, half_iqr) / math.sqrt(n)
+    assert robust_centre(values) == (centre, pytest.approx(expected, rel=1e-12))
