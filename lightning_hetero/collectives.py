@@ -6,6 +6,7 @@ process.
 """
 
 import atexit
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ _destroy_registered = False
 
 
 def _destroy_process_group() -> None:
+    # objects in reference cycles (a trainer, its strategy, an FSDP2 module's state) may hold
+    # a collective's work and its tensors: freed now, while the interpreter can still run
+    # their destructors, not in its finalization, where gloo's may abort the process
+    gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
