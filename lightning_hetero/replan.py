@@ -41,6 +41,9 @@ __all__ = ["RankReport", "Replanner", "check_replan_options", "held_reason", "wa
 
 #: Batches between two readings of the step timer outside boundaries.
 _COLLECT_EVERY = 64
+#: Seconds between two readings of the host's (and device's) memory and idle CPU: slow to
+#: change, and a reading costs about 0.1 ms, a large part of a boundary every step or two.
+_READ_EVERY_S = 1.0
 #: The ``smoothing`` option's default: any other value is warned about (it has no effect).
 SMOOTHING_DEFAULT = 0.8
 #: A plan kept at a balance below this is explained, at most every that many boundaries.
@@ -217,7 +220,7 @@ class Replanner:
         """A fit starts: fresh smoothing and meter, every rank's host and local rank."""
         ctx = self.ctx
         self._smoother = TimingSmoother()
-        self._meter = ResourceMeter(ctx.device)
+        self._meter = ResourceMeter(ctx.device, min_interval_s=_READ_EVERY_S)
         self._epoch_batches = 0  # a resume inside an epoch gets no `epoch_started`
         self._in_flight = None
         self._said_unmeasured = False

@@ -70,6 +70,24 @@ def test_resource_meter_reads_fractions_on_cpu():
     assert used == pytest.approx(1.0 - memory_available)
 
 
+def test_a_meter_reads_the_host_at_most_once_per_interval(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(resources.time, "monotonic", lambda: clock[0])
+    meter = resources.ResourceMeter(torch.device("cpu"), min_interval_s=1.0)
+    reads = []
+    real = resources.psutil.virtual_memory
+    monkeypatch.setattr(resources.psutil, "virtual_memory", lambda: reads.append(1) or real())
+    first = meter.read()
+    clock[0] += 0.5
+    assert meter.read() == first and len(reads) == 1  # within the interval: the same
+    clock[0] += 0.6
+    meter.read()
+    assert len(reads) == 2
+    every = resources.ResourceMeter(torch.device("cpu"))  # the default: every call reads
+    every.read(), every.read()
+    assert len(reads) == 4
+
+
 def test_reset_peak_memory_resets_the_cuda_peak_and_nothing_on_cpu(monkeypatch):
     resets = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", resets.append)

@@ -4,7 +4,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from math import hypot, isfinite, nan, sqrt
+from math import hypot, inf, isfinite, nan, sqrt
 from statistics import fmean, median
 
 __all__ = ["TimingSmoother", "micro_batch_centre", "robust_centre"]
@@ -96,6 +96,46 @@ class _Window:
 
     def median(self) -> float:
         return _sorted_median(self._ordered) if self._ordered else nan
+
+    def centre(self) -> tuple[float, float]:
+        """``robust_centre`` of the values held, from their sorted copy: the median
+        absolute deviation by a binary search, not a sort."""
+        ordered = self._ordered
+        n = len(ordered)
+        if n < 2:
+            return (ordered[0] if ordered else nan), nan
+        centre = _sorted_median(ordered)
+        half = n // 2
+        mad = _kth_deviation(ordered, centre, half)
+        if n % 2 == 0:
+            mad = (_kth_deviation(ordered, centre, half - 1) + mad) / 2
+        half_iqr = 0.5 * (ordered[(3 * n) // 4] - ordered[n // 4])
+        return centre, _MEDIAN_SE * max(mad, half_iqr) / sqrt(n)
+
+
+def _kth_deviation(ordered: Sequence[float], centre: float, k: int) -> float:
+    """The ``k``-th smallest (from 0) of ``|v - centre|`` over ``ordered`` (ascending).
+
+    The deviations below ``centre``, read from it outward, rise; so do those at or above it:
+    the ``k``-th of the two rising runs is found by a binary search on how many come from
+    the first (the k-th element of two sorted arrays)."""
+    n, m = len(ordered), bisect_left(ordered, centre)
+
+    def below(i: int) -> float:  # the i-th smallest deviation below the centre
+        return centre - ordered[m - 1 - i]
+
+    def above(j: int) -> float:  # the j-th smallest at or above it
+        return ordered[m + j] - centre
+
+    lo, hi = max(0, k + 1 - (n - m)), min(k + 1, m)
+    while lo < hi:  # the fewest taken from below such that the next below is not smaller
+        i = (lo + hi) // 2
+        if below(i) < above(k - i):
+            lo = i + 1
+        else:
+            hi = i
+    i, j = lo, k + 1 - lo
+    return max(below(i - 1) if i > 0 else -inf, above(j - 1) if j > 0 else -inf)
 
 
 def micro_batch_centre(
@@ -199,6 +239,7 @@ class TimingSmoother:
         self.batch_size = self.steps = self.full_steps = self.plan = 0
         self._compute = _Window(self.window)
         self._wait = _Window(self.window)
+        self._latest = _Window(_SPREAD_STEPS)  # the latest of ``_compute``, for the spread
         # per step: its micro-batches' seconds per sample (``None``: run as one batch), and
         # its compute outside them
         self._micro: deque[tuple[float, ...] | None] = deque(maxlen=self.window)
@@ -232,7 +273,7 @@ class TimingSmoother:
         self.steps += 1
         self.full_steps += full
         if self.steps <= 2:  # the first step is replaced by the second
-            for samples in (self._compute, self._wait, self._micro, self._rest):
+            for samples in (self._compute, self._wait, self._micro, self._rest, self._latest):
                 samples.clear()
             self._micro_steps = 0
             self._step = _Moments()
@@ -242,6 +283,7 @@ class TimingSmoother:
         per_sample = _per_sample(micro)
         self._micro_steps += per_sample is not None
         self._compute.append(compute_s)
+        self._latest.append(compute_s)
         self._wait.append(wait_s)
         self._micro.append(per_sample)
         self._rest.append(compute_s - sum(t for _, t in micro) if per_sample else nan)
@@ -270,7 +312,7 @@ class TimingSmoother:
         latest, latest_se = _lower_quartile(held[-latest_n:])
         noise = _Z * sqrt(before_se * before_se + latest_se * latest_se)
         if abs(latest - before) > noise + _SPEED_CHANGE * before:
-            for samples in (self._compute, self._wait, self._micro, self._rest):
+            for samples in (self._compute, self._wait, self._micro, self._rest, self._latest):
                 kept = list(samples)[-latest_n:]
                 samples.clear()
                 samples.extend(kept)  # type: ignore[arg-type]
@@ -308,10 +350,7 @@ class TimingSmoother:
         if by_micro is not None:
             return by_micro[1]
         n = len(self._compute)
-        if n <= _SPREAD_STEPS:
-            return robust_centre(list(self._compute))[1]
-        latest = list(self._compute)[-_SPREAD_STEPS:]
-        return robust_centre(latest)[1] * sqrt(_SPREAD_STEPS / n)
+        return self._latest.centre()[1] * sqrt(len(self._latest) / n) if n else nan
 
     @property
     def compute_count(self) -> int:
