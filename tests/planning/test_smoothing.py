@@ -286,3 +286,21 @@ def test_robust_centre_equals_its_definition(n: int) -> None:
     half_iqr = 0.5 * (ordered[(3 * n) // 4] - ordered[n // 4])
     expected = 1.8582 * max(mad, half_iqr) / math.sqrt(n)
     assert robust_centre(values) == (centre, pytest.approx(expected, rel=1e-12))
+
+
+def test_a_sorted_windows_centre_equals_robust_centre_ties_and_odd_sizes_included() -> None:
+    """``compute_se`` reads the spread of a sorted window by a binary search; it must equal
+    ``robust_centre``'s sort, for every size and with repeated values."""
+    from lightning_hetero.planning.smoothing import _Window
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        values = [
+            round(rng.uniform(0, 5), rng.choice([0, 1, 3])) for _ in range(rng.randint(1, 40))
+        ]
+        window = _Window(1000)
+        window.extend(values)
+        centre, se = window.centre()
+        expected_centre, expected_se = robust_centre(values)
+        assert centre == expected_centre
+        assert se == pytest.approx(expected_se, rel=1e-12, nan_ok=True)
