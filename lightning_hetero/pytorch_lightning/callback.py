@@ -171,7 +171,10 @@ class HeteroCallback(Callback):
         (``summary``). At the training's end, not the fit's: Lightning tears the strategy
         down before ``on_fit_end``, and the strategy then removes the callback it added."""
         replanner = self._replanner
-        if replanner is None or not self._started or not replanner.history:
+        if replanner is None or not self._started:
+            return
+        replanner.land(next_epoch=True)  # a boundary whose all-gather is still in flight
+        if not replanner.history:
             return
         history = replanner.history
         plan = list(getattr(trainer.strategy, "batch_sizes", None) or history[-1]["batch_sizes"])
