@@ -1,7 +1,11 @@
 """A small DistilBERT-like fine-tune under HeteroFSDPStrategy on 2 equal gloo ranks: does
 the plan stay uniform? (issue 42: rank 0 was charged more compute and got [58, 70])
 
-usage: python fsdp_equal_program.py OUT_JSON
+usage: python fsdp_equal_program.py OUT_JSON [--shape LENGTH,DIM,LAYERS,BATCH,STEPS]
+       [--precision P] [--slow SECONDS] [--adjust-every N]
+
+The defaults are the slow test's small model. Issue 42's DistilBERT size, one rank slowed by
+0.256 s a step: ``--shape 128,256,3,64,16 --slow 0.256 --adjust-every 4`` (BENCHMARKS.md).
 
 Token ids in (no input needs a gradient), an embedding, transformer layers each sharded on
 their own (``shard_modules``), gradient clipping (DTensor's norm: a functional all-reduce in
@@ -10,9 +14,9 @@ the step) and Lightning's thread count per rank left to the strategy (no
 number of CPU threads.
 """
 
+import argparse
 import json
 import os
-import sys
 from datetime import timedelta
 
 import lightning.pytorch as pl
@@ -21,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hetero import HeteroFSDPStrategy
+from lightning_hetero.emulate import Throttle
 
 VOCAB, LENGTH, DIM, LAYERS, BATCH, STEPS = 1000, 32, 64, 2, 16, 24
 
@@ -50,16 +55,28 @@ class FineTune(pl.LightningModule):
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--shape", default=f"{LENGTH},{DIM},{LAYERS},{BATCH},{STEPS}")
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--slow", type=float, default=0.0, help="seconds a step on rank 1")
+    parser.add_argument("--adjust-every", type=int, default=4)
+    args = parser.parse_args()
+    LENGTH, DIM, LAYERS, BATCH, STEPS = (int(v) for v in args.shape.split(","))
     # as in a user's shell: Lightning chooses each rank's threads (the tests' runner sets 1)
     os.environ.pop("OMP_NUM_THREADS", None)
     strategy = HeteroFSDPStrategy(
-        shard_modules=["TransformerEncoderLayer"], adjust_every=4, timeout=timedelta(seconds=120)
+        shard_modules=["TransformerEncoderLayer"],
+        adjust_every=args.adjust_every,
+        timeout=timedelta(seconds=600),
     )
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
         strategy=strategy,
         max_epochs=1,
+        precision=args.precision,
+        callbacks=[Throttle([0.0, 0.0], step_cost=[0.0, args.slow])] if args.slow else [],
         gradient_clip_val=1.0,
         logger=False,
         enable_model_summary=False,
@@ -70,8 +87,8 @@ if __name__ == "__main__":
     threads = [None, None]
     torch.distributed.all_gather_object(threads, torch.get_num_threads())
     if trainer.global_rank == 0:
-        keys = ("batch_sizes", "compute_times", "wait_times")
+        keys = ("batch_sizes", "compute_times", "wait_times", "step_time")
         history = [{k: entry[k] for k in keys} for entry in strategy.history]
-        with open(sys.argv[1], "w") as f:
+        with open(args.out, "w") as f:
             json.dump({"history": history, "plan": strategy.batch_sizes, "threads": threads}, f)
     torch.distributed.destroy_process_group()
