@@ -5,7 +5,8 @@ usage: python accumulate_program.py OUT_PATH STRATEGY [SLOW_COST]
 STRATEGY: ``ddp`` (the data in order: ``DistributedSampler(shuffle=False)``, where Lightning's
 own would shuffle), ``hetero`` (uniform static plan, the data in order: the exactness run)
 or ``adaptive`` (``strategy="hetero"`` re-planning every 2 steps, rank 1 slowed by SLOW_COST
-seconds per sample with ``Throttle``).
+seconds per sample with ``Throttle``); ``adaptive_workers``: the same with 2 persistent
+DataLoader workers, which draw batches ahead of training.
 """
 
 import sys
@@ -22,9 +23,9 @@ BATCH, ACCUMULATE, RANKS = 4, 4, 2
 
 
 class Regression(pl.LightningModule):
-    def __init__(self, ordered_ranks: bool) -> None:
+    def __init__(self, ordered_ranks: bool, workers: int = 0) -> None:
         super().__init__()
-        self.ordered_ranks = ordered_ranks
+        self.ordered_ranks, self.workers = ordered_ranks, workers
         torch.manual_seed(0)
         self.layer = torch.nn.Linear(5, 1)
         self.seen: list[int] = []
@@ -42,7 +43,10 @@ class Regression(pl.LightningModule):
         # DDP's rank k takes samples k, k + 2, ...: each optimizer step trains on the same 32
         # consecutive samples as the hetero run's global batch
         sampler = DistributedSampler(data, shuffle=False) if self.ordered_ranks else None
-        return DataLoader(data, batch_size=BATCH, shuffle=False, sampler=sampler)
+        return DataLoader(
+            data, batch_size=BATCH, shuffle=False, sampler=sampler, num_workers=self.workers,
+            persistent_workers=self.workers > 0,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -61,14 +65,14 @@ if __name__ == "__main__":
         devices=RANKS,
         strategy=strategy,
         accumulate_grad_batches=ACCUMULATE,
-        max_steps=6 if kind != "adaptive" else 16,
+        max_steps=6 if not kind.startswith("adaptive") else 16,
         callbacks=callbacks,
         use_distributed_sampler=kind != "ddp",
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
     )
-    model = Regression(ordered_ranks=kind == "ddp")
+    model = Regression(ordered_ranks=kind == "ddp", workers=2 if kind.endswith("workers") else 0)
     trainer.fit(model)
     seen = trainer.strategy.all_gather(torch.tensor(len(model.seen)))
     if trainer.global_rank == 0:

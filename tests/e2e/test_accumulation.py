@@ -34,3 +34,15 @@ def test_accumulation_steps_as_ddps_and_then_the_plan_follows_a_slow_rank(tmp_pa
     assert sum(last) == 32 and last[0] > last[1]
     # rank 0's larger share ran in micro-batches of at most the loader batch of 4
     assert adaptive["micro_batches"][0] > adaptive["micro_batches"][1]
+
+
+def test_plans_change_every_2_steps_while_loader_workers_draw_ahead(tmp_path):
+    """The overlapped boundary applies each plan from the step every rank had drawn when it
+    sent its report plus the batches trained since: with 2 persistent workers drawing ahead,
+    no rank is asked to change a step it has drawn (that raises), and the plan still follows
+    the slow rank."""
+    adaptive = run(tmp_path, "adaptive_workers", "0.01")
+    assert adaptive["global_step"] == 16
+    assert adaptive["plans"][0] == [16, 16]
+    last = adaptive["plans"][-1]
+    assert sum(last) == 32 and last[0] > last[1]
