@@ -39,7 +39,10 @@ class Regression(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def train_dataloader(self):
-        data = torch.randn(256, 6, generator=torch.Generator().manual_seed(1))
+        # with workers, 32 optimizer steps an epoch: plans change while the workers' batches
+        # drawn ahead are inside the epoch, not past its end
+        samples = 1024 if self.workers else 256
+        data = torch.randn(samples, 6, generator=torch.Generator().manual_seed(1))
         # DDP's rank k takes samples k, k + 2, ...: each optimizer step trains on the same 32
         # consecutive samples as the hetero run's global batch
         sampler = DistributedSampler(data, shuffle=False) if self.ordered_ranks else None
