@@ -98,7 +98,10 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             "Never slower than DDP").
         smoothing: no effect since per-rank timings became the median of every step since
             the last change (kept so that existing configurations load); in ``[0, 1)``.
-        adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
+        adjust_every: re-plan at each ``"epoch"`` end or every N training batches (then, on
+            several ranks with a ``replicable`` controller such as the default, each boundary
+            decides on the timings the one before gathered: training never waits for the
+            gather, and a plan arrives N batches later).
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
             (inexact with unequal batches; for ablations only). BSP mode only.
         shuffle: draw a new permutation of the training set every epoch (seeded by
