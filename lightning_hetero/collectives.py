@@ -122,9 +122,7 @@ class Collectives:
             return [[float(v) for v in values]]
         if not values:
             return [[] for _ in range(self.world_size)]
-        tensor, packed = self._row_and_rows(values)
-        _ALL_GATHER_SINGLE(packed, tensor)
-        return packed.view(self.world_size, -1).cpu().tolist()
+        return self.start_gather_rows(values)()
 
     def start_gather_rows(self, values: Sequence[float]) -> Callable[[], list[list[float]]]:
         """Start ``gather_rows`` without waiting for the other ranks: the returned function
@@ -134,7 +132,9 @@ class Collectives:
         if not self.distributed or not values:
             rows = self.gather_rows(values)
             return lambda: rows
-        tensor, packed = self._row_and_rows(values)
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        # into one packed tensor, copied to the host once: not a tensor and a copy per rank
+        packed = torch.empty(self.world_size * len(tensor), dtype=tensor.dtype, device=self.device)
         work = _ALL_GATHER_SINGLE(packed, tensor, async_op=True)
 
         def rows() -> list[list[float]]:
@@ -142,14 +142,6 @@ class Collectives:
             return packed.view(self.world_size, -1).cpu().tolist()
 
         return rows
-
-    def _row_and_rows(self, values: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's row as a tensor, and one packed tensor for every rank's rows (copied to
-        the host once: not a tensor and a copy per rank)."""
-        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
-        return tensor, torch.empty(
-            self.world_size * len(tensor), dtype=tensor.dtype, device=self.device
-        )
 
     def gather_objects(self, value: Any) -> list[Any]:
         """All-gather one picklable object per rank; returns them in rank order."""

@@ -33,13 +33,16 @@ def robust_centre(values: list[float]) -> tuple[float, float]:
         >>> centre, round(se, 3)
         (1.0, 0.083)
     """
-    if not values:
-        return nan, nan
-    ordered = sorted(values)
+    return _sorted_centre(sorted(values))
+
+
+def _sorted_centre(ordered: Sequence[float]) -> tuple[float, float]:
+    """``robust_centre`` of values already in ascending order."""
+    n = len(ordered)
+    if n < 2:
+        return (ordered[0] if ordered else nan), nan
     centre = _sorted_median(ordered)
-    if len(ordered) < 2:
-        return centre, nan
-    return centre, _MEDIAN_SE * _sorted_spread(ordered, centre) / sqrt(len(ordered))
+    return centre, _MEDIAN_SE * _sorted_spread(ordered, centre) / sqrt(n)
 
 
 def _sorted_median(ordered: Sequence[float]) -> float:
@@ -56,9 +59,12 @@ def _spread(values: Sequence[float], centre: float) -> float:
 
 
 def _sorted_spread(ordered: Sequence[float], centre: float) -> float:
-    """``_spread`` of values already in ascending order (their deviations are a falling
-    run, then a rising one: sorting them is a merge)."""
-    spread = _sorted_median(sorted([abs(v - centre) for v in ordered]))
+    """``_spread`` of values already in ascending order: the median absolute deviation by
+    a binary search (``_kth_deviation``), not a sort."""
+    n, half = len(ordered), len(ordered) // 2
+    spread = _kth_deviation(ordered, centre, half)
+    if n % 2 == 0:
+        spread = (_kth_deviation(ordered, centre, half - 1) + spread) / 2
     # half the interquartile range equals the MAD on symmetric noise; where stalls make the
     # steps two clusters (a third of them slow, say) the MAD sees only the cluster that holds
     # the median and the IQR sees both: the larger says how far the median may be off
@@ -98,19 +104,8 @@ class _Window:
         return _sorted_median(self._ordered) if self._ordered else nan
 
     def centre(self) -> tuple[float, float]:
-        """``robust_centre`` of the values held, from their sorted copy: the median
-        absolute deviation by a binary search, not a sort."""
-        ordered = self._ordered
-        n = len(ordered)
-        if n < 2:
-            return (ordered[0] if ordered else nan), nan
-        centre = _sorted_median(ordered)
-        half = n // 2
-        mad = _kth_deviation(ordered, centre, half)
-        if n % 2 == 0:
-            mad = (_kth_deviation(ordered, centre, half - 1) + mad) / 2
-        half_iqr = 0.5 * (ordered[(3 * n) // 4] - ordered[n // 4])
-        return centre, _MEDIAN_SE * max(mad, half_iqr) / sqrt(n)
+        """``robust_centre`` of the values held, from their sorted copy."""
+        return _sorted_centre(self._ordered)
 
 
 def _kth_deviation(ordered: Sequence[float], centre: float, k: int) -> float:
