@@ -9,10 +9,15 @@ After each cell the ranks compare which cell they are at and how it ended; when 
 disagree, or that exchange fails (a cell desynchronised the process group), the launch exits
 with code 3 and the harness starts another for the cells left.
 
+Each cell has a watchdog: a cell still running after ``COMPAT_CELL_LIMIT_S`` (default 150)
+prints every thread's Python stack and ends the launch, so a hang names its cell and where it
+waits instead of using up the matrix's time.
+
 Environment: ``COMPAT_TIMEOUT_S`` (default 30), the seconds a collective waits before it fails
 its cell; ``COMPAT_DEBUG=1`` adds each cell's sample ids and logged rows, and its DDP run's.
 """
 
+import faulthandler
 import json
 import math
 import os
@@ -43,6 +48,8 @@ from compat_cases import CASES, OPTION_SETS  # noqa: E402
 SAMPLES, BATCH = 32, 4
 #: the process group's timeout: a collective that waits longer fails its cell
 TIMEOUT = timedelta(seconds=float(os.environ.get("COMPAT_TIMEOUT_S", "30")))
+#: a cell still running after this many seconds dumps every thread's stack and ends the launch
+CELL_LIMIT_S = float(os.environ.get("COMPAT_CELL_LIMIT_S", "150"))
 
 
 def strategy(name: str):
@@ -330,10 +337,13 @@ def main(out: Path, cells: list[str]) -> None:
     references: dict[tuple[str, int], dict] = {}
     results: dict[str, dict] = {}
     # the first fit launches rank 1 and creates the process group with the 30 s timeout
+    faulthandler.dump_traceback_later(CELL_LIMIT_S, exit=True)
     references[("log_step", 1)] = run(strategy("ddp"), "log_step", folder / "ref-log_step-1", 1)
     for cell in cells:
         case = cases[cell]
         start = time.perf_counter()
+        print(f"compat_matrix: rank {dist.get_rank()} starts {cell}", flush=True)
+        faulthandler.dump_traceback_later(CELL_LIMIT_S, exit=True)
         result: dict = {}
         try:
             chosen = strategy(case.options)
@@ -360,6 +370,7 @@ def main(out: Path, cells: list[str]) -> None:
                 }
         result["seconds"] = round(time.perf_counter() - start, 2)
         ok = agree((cell, result["status"]))
+        faulthandler.cancel_dump_traceback_later()
         if dist.get_rank() == 0:
             results[cell] = result
             out.write_text(json.dumps(results, indent=1, default=str))
