@@ -2,6 +2,7 @@
 gloo launch of ``compat_matrix.py`` (more only where a cell ends a launch), one test id per
 cell reading the shared result."""
 
+import contextlib
 import json
 import os
 import signal
@@ -34,20 +35,24 @@ def run_matrix(
     while left:
         out = folder / f"launch{collective_timeout}-{len(launches)}.json"
         start = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "compat_matrix.py", str(out), *left],
-            cwd=HERE,
-            env=child_env(COMPAT_TIMEOUT_S=str(collective_timeout)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            log, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            log, _ = proc.communicate()
+        # the log goes to a file, and the launch's process group is killed once rank 0 has
+        # exited: a rank 1 left waiting (rank 0 ended the launch) must not hold a pipe open
+        with open(out.with_suffix(".log"), "w+") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "compat_matrix.py", str(out), *left],
+                cwd=HERE,
+                env=child_env(COMPAT_TIMEOUT_S=str(collective_timeout)),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(deadline - time.monotonic(), 1))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log_file.seek(0)
+            log = log_file.read()
         done = json.loads(out.read_text()) if out.exists() else {}
         results.update(done)
         seconds = round(time.monotonic() - start, 1)
