@@ -90,6 +90,12 @@ def has_momentum(optimizer: torch.optim.Optimizer) -> bool:
     )
 
 
+def check_epoch_average(epoch_average: Any) -> None:
+    """Refuse an ``epoch_average`` other than ``"auto"``, ``True`` or ``False``."""
+    if not (isinstance(epoch_average, bool) or epoch_average == "auto"):
+        raise ValueError(f"`epoch_average` must be 'auto', True or False, got {epoch_average!r}.")
+
+
 def check_lookahead(lookahead: Any, optimizers: Sequence[torch.optim.Optimizer]) -> None:
     """Refuse ``lookahead=True`` where some optimizer has no heavy-ball momentum to look
     ahead by (``has_momentum``)."""

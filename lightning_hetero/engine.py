@@ -29,6 +29,7 @@ from lightning_hetero._data import (
     with_batch_sampler,
 )
 from lightning_hetero._lightning import (
+    at_last_batch,
     check_own_sigterm_only,
     in_training_batch,
     name_unused_parameters_fix,
@@ -652,7 +653,7 @@ class HeteroEngine:
         trainer = self.lightning_module.trainer
         self.timer.break_cycle()  # validation is no training step's cost
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
-            self.training_mode.on_validation_start()
+            self.training_mode.on_validation_start(at_last_batch(trainer))
 
     @override
     def on_train_end(self) -> None:

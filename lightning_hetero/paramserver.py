@@ -32,6 +32,7 @@ from torch.optim import Optimizer
 
 from lightning_hetero._optim import (
     NoiseScale,
+    check_epoch_average,
     check_lookahead,
     has_momentum,
     lookahead_factor,
@@ -51,6 +52,12 @@ __all__ = [
     "rpc_port",
     "worker_name",
 ]
+
+#: The degree of ``epoch_average``'s polynomial-decay average: the ``n``-th push's parameters
+#: enter with weight ``min(1, 3 / n)``, so push ``i`` of ``n`` weighs about ``(i / n) ** 2``
+#: (measured in the digits simulation with SGD and momentum: degrees 2, 3 and 5 keep every
+#: seed within 1.4 points of DDP; 1, the epoch's plain mean, lags and ends up to 2.2 below).
+AVERAGE_DEGREE = 3.0
 
 #: Weight of the newest staleness in a rank's moving average (the lookahead's prediction).
 _RECENT = 0.3
@@ -106,6 +113,12 @@ class _Slot:
     #: Pushes applied to this optimizer, and each rank's recent ones (for the lookahead).
     pushes: int = 0
     recent: list[_RankRecent] = field(default_factory=list)
+    #: Whether the epoch's end replaces the parameters with their average (``settle``).
+    averaging: bool = False
+    #: The polynomial-decay average of the parameters since the last ``settle``, and the
+    #: number of pushes it holds.
+    average: list[torch.Tensor] | None = None
+    averaged: int = 0
 
 
 def _to_cpu(optimizer: Optimizer) -> None:
@@ -149,6 +162,7 @@ class ParameterServer:
         world_size: int,
         lr_scaling: bool | str = "auto",
         lookahead: bool | str = "auto",
+        epoch_average: bool | str = "auto",
     ) -> None:
         self.lr_scaling = lr_scaling
         self.world_size = world_size
@@ -156,6 +170,7 @@ class ParameterServer:
         self._lock = threading.Lock()
         self._slots: list[_Slot] = []
         check_lookahead(lookahead, optimizers)
+        check_epoch_average(epoch_average)
         for optimizer in optimizers:
             clone = copy.deepcopy(optimizer)
             _to_cpu(clone)
@@ -163,8 +178,17 @@ class ParameterServer:
             noise = NoiseScale() if rule == "noise" else None
             ahead = lookahead is not False and has_momentum(clone)
             recent = [_RankRecent(between=world_size - 1.0) for _ in range(world_size)]
+            averaging = epoch_average is True or (epoch_average == "auto" and has_momentum(clone))
             self._slots.append(
-                _Slot(clone, optimizer_params(clone), rule, noise, ahead, recent=recent)
+                _Slot(
+                    clone,
+                    optimizer_params(clone),
+                    rule,
+                    noise,
+                    ahead,
+                    recent=recent,
+                    averaging=averaging,
+                )
             )
         self._counters = [_RankCounters() for _ in range(world_size)]
         #: Seconds spent applying the pushes of ranks other than 0. They run on the RPC agent's
@@ -239,6 +263,8 @@ class ParameterServer:
                 recent.between += _RECENT * (slot.pushes - recent.after - recent.between)
             slot.pushes += 1
             recent.after, recent.factor = slot.pushes, share
+            if slot.averaging:
+                self._accumulate(slot)
             params = [p.detach().clone() for p in slot.params]
             if slot.lookahead:
                 self._look_ahead(slot, rank, params)
@@ -248,6 +274,39 @@ class ParameterServer:
             if rank != 0:
                 self.serving_s += spent
             return result
+
+    @staticmethod
+    def _accumulate(slot: _Slot) -> None:
+        """Fold the parameters after a push into the slot's average (under the lock): the
+        ``n``-th push since the last ``settle`` enters with weight ``min(1, AVERAGE_DEGREE / n)``,
+        so the pushes' weights grow as ``(i / n) ** (AVERAGE_DEGREE - 1)`` and the average sits
+        in the epoch's last part without knowing how many pushes the epoch has."""
+        slot.averaged += 1
+        params = [p.detach() for p in slot.params]
+        if slot.average is None:
+            slot.average = [p.clone() for p in params]
+        else:
+            weight = min(1.0, AVERAGE_DEGREE / slot.averaged)
+            for average, param in zip(slot.average, params):
+                average.lerp_(param, weight)
+
+    def settle(self) -> bool:
+        """Replace the parameters of every averaging optimizer by their average over the pushes
+        since the last call (``epoch_average``), and start a new one. Returns whether any
+        parameters changed (then the version moves on, so a rank's next gradient counts as
+        taken on older parameters). The optimizers' states (momentum) are kept."""
+        changed = False
+        with self._lock:
+            for slot in self._slots:
+                if slot.average is None:
+                    continue
+                with torch.no_grad():
+                    for param, average in zip(slot.params, slot.average):
+                        param.copy_(average)
+                slot.average, slot.averaged, changed = None, 0, True
+            if changed:
+                self.version += 1
+        return changed
 
     def _look_ahead(self, slot: _Slot, rank: int, params: list[torch.Tensor]) -> None:
         """Move ``params`` (rank ``rank``'s copy, in place) by the momentum part of the

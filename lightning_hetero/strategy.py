@@ -130,6 +130,16 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             on, refused for an optimizer without momentum; ``False``: off (paper 002's
             plain pull). Validation, checkpoints and the end of training always see the
             server's parameters themselves (see [Training modes](../modes.md)).
+        epoch_average: async mode (``controller="dual"`` included): at the end of each epoch
+            (and of training) the server's parameters become their average over the epoch's
+            pushes, weighted toward its last ones (a polynomial-decay average: push ``i`` of
+            ``n`` weighs about the square of ``i / n``), and every rank goes on from there. It
+            smooths the swings stale gradients give the model under momentum. ``"auto"``
+            (default): on for ``torch.optim.SGD`` with ``momentum > 0``, off for other
+            optimizers (with Adam it lags a model that still improves fast); ``True``: on
+            for every optimizer; ``False``: off. Validation within an epoch sees the
+            server's parameters as they are; costs one copy of the parameters on rank 0
+            (see [Training modes](../modes.md)).
         rpc_timeout: async mode: seconds a push or pull to the parameter server may take
             before the rank stops with an error naming it.
         timeout: how long a collective waits for every rank (``DDPStrategy``'s option). A rank
@@ -203,6 +213,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         shuffle: bool = True,
         lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto",
         lookahead: bool | Literal["auto"] = "auto",
+        epoch_average: bool | Literal["auto"] = "auto",
         rpc_timeout: float = 300.0,
         megabatch_size: int | None = None,
         delta: float = 0.1,

@@ -34,10 +34,12 @@ def test_the_rules_differ_on_two_ranks(one: str, other: str) -> None:
 
 
 def test_digits_on_one_rank_is_ddp_with_or_without_lookahead() -> None:
-    # one rank: no push in between, so nothing to look ahead by, and a share of 1
+    # one rank: no push in between, so nothing to look ahead by, and a share of 1; the
+    # epoch's average is the one thing that differs from DDP then
     ddp = simulate_digits("ddp", [1.0], 0, epochs=1)
-    assert simulate_digits("async", [1.0], 0, epochs=1) == ddp
-    assert simulate_digits("async-plain", [1.0], 0, epochs=1) == ddp
+    assert simulate_digits("async", [1.0], 0, epochs=1, epoch_average=False) == ddp
+    assert simulate_digits("async-plain", [1.0], 0, epochs=1, epoch_average=False) == ddp
+    assert simulate_digits("async", [1.0], 0, epochs=1) != ddp  # "auto": on with momentum
 
 
 def test_digits_lookahead_changes_what_two_ranks_compute() -> None:

@@ -85,6 +85,7 @@ def test_options_the_mode_cannot_honour_are_refused(case) -> None:
 #: A valid value other than the default for each part's option (a new option gets one here).
 _SET = {
     "lookahead": False,
+    "epoch_average": False,
     "rpc_timeout": 30.0,
     "megabatch_size": 64,
     "delta": 0.2,

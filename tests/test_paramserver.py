@@ -269,3 +269,62 @@ def test_joining_the_rpc_group_warns_nothing(monkeypatch):
         ServerClient.shutdown(graceful=True)
         if own:
             dist.destroy_process_group()
+
+
+def _pushed_params(server: ParameterServer, layer: torch.nn.Linear, pushes: int) -> list:
+    """Push ``pushes`` random gradients from rank 0; the parameters after each push."""
+    seen = []
+    for _ in range(pushes):
+        grads = [torch.randn_like(p) for p in layer.parameters()]
+        server.push(0, 0, grads, 4, 8, [0.1], server.version)
+        seen.append([p.clone() for p in server.pull(0).params])
+    return seen
+
+
+def test_epoch_average_replaces_the_parameters_by_the_polynomial_decay_average():
+    # the n-th push enters with weight min(1, 3 / n), which telescopes to push i of n
+    # weighing 3 (i - 1) (i - 2) / (n (n - 1) (n - 2)): written out here, not recurred
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    server = ParameterServer([torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9)], 2)
+    n = 9
+    seen = _pushed_params(server, layer, n)
+    weights = [3 * (i - 1) * (i - 2) / (n * (n - 1) * (n - 2)) for i in range(1, n + 1)]
+    assert sum(weights) == pytest.approx(1.0)
+    version = server.version
+    assert server.settle()
+    assert server.version == version + 1  # later gradients count as taken on older ones
+    for index, param in enumerate(server.pull(0).params):
+        expected = sum(w * params[index] for w, params in zip(weights, seen))
+        torch.testing.assert_close(param, expected)
+    assert not server.settle()  # no push since: nothing to average, nothing changes
+    # momentum is kept: the next push steps by the buffer the pushes built
+    assert server.optimizer_state(0)["state"][0]["momentum_buffer"] is not None
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "epoch_average", "averages"),
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "auto", True),
+        (lambda p: torch.optim.SGD(p, lr=0.1), "auto", False),  # no momentum: no swings
+        (lambda p: torch.optim.Adam(p, lr=0.1), "auto", False),
+        (lambda p: torch.optim.Adam(p, lr=0.1), True, True),
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), False, False),
+    ],
+)
+def test_epoch_average_auto_is_on_for_heavy_ball_momentum(optimizer, epoch_average, averages):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    server = ParameterServer([optimizer(layer.parameters())], 2, epoch_average=epoch_average)
+    last = _pushed_params(server, layer, 5)[-1]
+    assert server.settle() is averages
+    after = server.pull(0).params
+    changed = any(not torch.equal(a, b) for a, b in zip(after, last))
+    assert changed is averages
+
+
+@pytest.mark.parametrize("value", ["on", 1, None, 0.5])
+def test_epoch_average_refuses_other_values(value):
+    layer = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="`epoch_average` must be 'auto', True or False"):
+        ParameterServer([torch.optim.SGD(layer.parameters(), lr=0.1)], 2, epoch_average=value)

@@ -250,6 +250,7 @@ def simulate_digits(
     epochs: int = 6,
     global_batch: int = 128,
     outer_lr: float = 0.7,
+    epoch_average: bool | str = "auto",
 ) -> list[float]:
     """Validation accuracy (macro average over the 10 classes) after each epoch of ``rule``
     on the benchmark's digits task (the digits CNN, SGD with momentum 0.9) with one emulated
@@ -258,7 +259,8 @@ def simulate_digits(
     Ranks run in the order their steps end: the first epoch on the uniform plan, the others
     on the speed-proportional one (what the controller converges to), each on its share of
     the epoch's permutation, every gradient on the parameters its last push returned, so
-    staleness follows from the speeds. The server is the real ``ParameterServer``.
+    staleness follows from the speeds. The server is the real ``ParameterServer``, with
+    ``epoch_average`` (its average at each epoch's end).
 
     The ``local`` rules run local mode's shared pool of mega-batches (ten global batches):
     ranks claim their next batch when their last step ends, until the mega-batch is used up,
@@ -274,7 +276,8 @@ def simulate_digits(
         outer = outer_lr if rule.endswith("-outer") else None
         return _train_local(task, costs, 0.0, 0.0, rule.startswith("local-prop"), outer)[0]
     plans = _async_plans(costs, len(task.train), global_batch)
-    return _train_server(task, costs, 0.0, "auto" if rule == "async" else False, plans)[0]
+    lookahead = "auto" if rule == "async" else False
+    return _train_server(task, costs, 0.0, lookahead, plans, epoch_average)[0]
 
 
 def _check_costs(costs: Sequence[float]) -> None:
@@ -435,6 +438,7 @@ def _train_server(
     fixed_cost: float,
     lookahead: bool | str,
     plans: Callable[[int], _EpochPlan],
+    epoch_average: bool | str = "auto",
 ) -> tuple[list[float], list[float]]:
     """Async mode (and dual batch, with its plans) on the real ``ParameterServer`` with its
     defaults: accuracy and virtual time at the end of each epoch.
@@ -447,7 +451,8 @@ def _train_server(
     server's parameters."""
     x = task.train.tensors[0]
     workers, size = len(costs), len(x)
-    server = ParameterServer([task.model.configure_optimizers()], workers, "auto", lookahead)  # type: ignore[operator]
+    optimizer = task.model.configure_optimizers()  # type: ignore[operator]
+    server = ParameterServer([optimizer], workers, "auto", lookahead, epoch_average)
     replicas = [copy.deepcopy(task.model) for _ in range(workers)]
     seen = [0] * workers
     curve, times, clock = [], [], 0.0
@@ -486,6 +491,7 @@ def _train_server(
                 step = costs[k] * min(sizes[k], shares[k] - done[k]) + fixed_cost
                 heapq.heappush(events, (now + step, k))
         clock = end
+        server.settle()  # the epoch's average (``epoch_average``), as the mode at the epoch end
         evaluated = replicas[0]  # rank 0's BatchNorm statistics, the server's parameters
         _load(evaluated, server.pull(0).params)
         curve.append(task.accuracy(evaluated))

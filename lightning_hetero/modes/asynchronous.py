@@ -87,7 +87,11 @@ class ParameterServerMode(Mode):
         check_lookahead(self.options.lookahead, ctx.optimizers)  # every rank: none waits
         if ctx.rank == 0:
             self.server = ParameterServer(
-                ctx.optimizers, ctx.world_size, self._lr_scaling(), self.options.lookahead
+                ctx.optimizers,
+                ctx.world_size,
+                self._lr_scaling(),
+                self.options.lookahead,
+                self.options.epoch_average,
             )
             ServerClient.start_server(self.server)
             self._warn_adaptive()
@@ -177,10 +181,14 @@ class ParameterServerMode(Mode):
             grads = [p.grad.detach().cpu() for p in module.parameters() if p.grad is not None]
             self.client.echo(grads)
 
-    def synchronize(self, point: str) -> None:
-        """Wait for every rank, then load the server's model everywhere."""
+    def synchronize(self, point: str, settle: bool = False) -> None:
+        """Wait for every rank, then load the server's model everywhere; ``settle``: the
+        server first replaces its parameters by their average over the pushes since the last
+        settle (``epoch_average``; at the epoch's end and the training's)."""
         ctx = self.ctx
         ctx.barrier(point)  # every push of every rank has been applied
+        if settle and self.server is not None:
+            self.server.settle()
         self._pull_all()
         buffers = [b for b in ctx.module.buffers() if b.dtype.is_floating_point]
         with ctx.comm.guarded(f"the buffer average at {point}"):
@@ -192,7 +200,7 @@ class ParameterServerMode(Mode):
 
     # ---------------------------------------------------------------- boundaries
     def on_train_epoch_end(self) -> bool:
-        self.synchronize("the end of the epoch")  # every rank on the server's model
+        self.synchronize("the end of the epoch", settle=True)  # every rank on its model
         return True
 
     def boundary_stats(self) -> dict[str, Any]:
@@ -200,13 +208,13 @@ class ParameterServerMode(Mode):
         # that completes, the other ranks may push the next epoch's first updates
         return self.server.take_epoch_stats() if self.server is not None else {}
 
-    def on_validation_start(self) -> None:
-        if self.client is not None:
-            self.synchronize("validation")  # validate the server's model
+    def on_validation_start(self, epoch_end: bool = False) -> None:
+        if self.client is not None:  # validate the server's model (the epoch's, at its end)
+            self.synchronize("validation", settle=epoch_end)
 
     def on_train_end(self) -> None:
-        if self.client is not None:
-            self.synchronize("the end of training")
+        if self.client is not None:  # a fit that stops mid-epoch (max_steps) settles too
+            self.synchronize("the end of training", settle=True)
 
     # ---------------------------------------------------------------- checkpoints, faults
     def before_model_state(self) -> None:

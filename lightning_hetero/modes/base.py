@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from lightning_hetero._optim import check_lr_scaling
+from lightning_hetero._optim import check_epoch_average, check_lr_scaling
 from lightning_hetero.context import RunContext
 from lightning_hetero.localsgd import ReplicaMerger
 from lightning_hetero.paramserver import ParameterServer
@@ -65,11 +65,13 @@ class ServerOptions(OptionGroup):
     used_by: ClassVar[str] = "mode='async'"
 
     lookahead: bool | Literal["auto"] = "auto"
+    epoch_average: bool | Literal["auto"] = "auto"
     rpc_timeout: float = 300.0
 
     def check(self) -> None:
         if self.lookahead not in (True, False, "auto"):
             raise ValueError(f"`lookahead` must be 'auto', True or False, got {self.lookahead!r}.")
+        check_epoch_average(self.epoch_average)
         if not self.rpc_timeout > 0:
             raise ValueError(f"`rpc_timeout` must be > 0 seconds, got {self.rpc_timeout}.")
 
@@ -373,8 +375,9 @@ class Mode:
         """Extra per-rank figures for the boundary's history entry (rank 0)."""
         return {}
 
-    def on_validation_start(self) -> None:
-        """Validation during fitting starts (not in the sanity check)."""
+    def on_validation_start(self, epoch_end: bool = False) -> None:
+        """Validation during fitting starts (not in the sanity check); ``epoch_end``: after
+        the epoch's last batch, before ``on_train_epoch_end``."""
 
     def on_train_end(self) -> None:
         """Training ends."""

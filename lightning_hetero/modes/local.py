@@ -187,7 +187,7 @@ class LocalSGDMode(Mode):
         self._finish_epoch()
         return False  # re-planned at each merge
 
-    def on_validation_start(self) -> None:
+    def on_validation_start(self, epoch_end: bool = False) -> None:
         self._finish_epoch()  # validate the merged model
 
     # ---------------------------------------------------------------- checkpoints

@@ -224,7 +224,7 @@ class ShardedMode(Mode):
         self.average_norm_buffers()
         return True
 
-    def on_validation_start(self) -> None:
+    def on_validation_start(self, epoch_end: bool = False) -> None:
         self.average_norm_buffers()
 
     def before_model_state(self) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "PRIVATE_FUNCTIONS",
     "SUBCLASS_ATTRIBUTES",
     "SUPPORTED",
+    "at_last_batch",
     "check_own_sigterm_only",
     "chosen_by_trainer",
     "count_loader_batches",
@@ -172,6 +173,12 @@ def name_unused_parameters_fix(exception: BaseException, strategy: str) -> None:
         else arg
         for arg in exception.args
     )
+
+
+def at_last_batch(trainer: "pl.Trainer") -> bool:
+    """Whether the training epoch's last batch has run (a validation now is the epoch's end
+    one, before ``on_train_epoch_end``)."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
 def sampler_epoch(trainer: "pl.Trainer") -> int:

@@ -51,3 +51,36 @@ def test_lookahead_true_without_momentum_is_refused_before_the_server_starts(gro
         assert mode.server is None
     finally:
         mode.teardown()
+
+
+def test_the_epochs_end_validates_and_continues_from_the_servers_epoch_average(group):
+    # validation within the epoch sees the server's parameters as they are; the one at the
+    # epoch's end (before on_train_epoch_end) sees them averaged over the epoch's pushes,
+    # and the epoch's end adds nothing more (no push since)
+    torch.manual_seed(0)
+    module = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    mode, _ = bound("async", [3], port=group, module=module)
+    mode.ctx.optimizers = [optimizer]
+    mode.setup_environment()
+    try:
+        mode.on_train_start()
+        mode.share = (3, 8)
+        for _ in range(5):
+            optimizer.zero_grad()
+            module(torch.randn(4, 2)).sum().backward()
+            mode.optimizer_step(optimizer, lambda: optimizer.step())
+        latest = [p.detach().clone() for p in mode.server.pull(0).params]
+        mode.on_validation_start(epoch_end=False)
+        for param, value in zip(module.parameters(), latest):
+            torch.testing.assert_close(param.detach(), value)
+        mode.on_validation_start(epoch_end=True)
+        averaged = [p.detach().clone() for p in module.parameters()]
+        assert any(not torch.equal(a, b) for a, b in zip(averaged, latest))
+        for param, value in zip(mode.server.pull(0).params, averaged):
+            torch.testing.assert_close(param, value)  # the server goes on from it
+        mode.on_train_epoch_end()
+        for param, value in zip(module.parameters(), averaged):
+            torch.testing.assert_close(param.detach(), value)
+    finally:
+        mode.teardown()
