@@ -14,6 +14,7 @@ rank 0's training loop is busy.
 """
 
 import copy
+import ipaddress
 import math
 import os
 import socket
@@ -426,10 +427,44 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def _usable_rpc_port(host: str, main_port: int) -> int:
+    """Rank 0's RPC rendezvous port: ``rpc_port``'s, if this process can listen on it now;
+    else, where every rank runs on this host (a loopback ``host``) and ``HETERO_RPC_PORT``
+    is not set, a free one; else minus the busy port. A rank that waited for a rendezvous
+    rank 0 cannot serve would wait out torch's 30-minute default; rank 0 itself would
+    fail, or reach a store of an earlier run still listening there."""
+    port = rpc_port(main_port)
+    if _can_listen(port):
+        return port
+    if not os.environ.get(RPC_PORT_ENV, "").strip() and _is_loopback(host):
+        return free_port(host)
+    return -port
+
+
+def _can_listen(port: int) -> bool:
+    """Whether a server socket can bind ``port`` on every interface now (as a TCPStore
+    does, with ``SO_REUSEADDR``)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
 def rpc_port(main_port: int, environ: Mapping[str, str] | None = None) -> int:
     """The port of the parameter server's RPC rendezvous: ``HETERO_RPC_PORT`` if set, else
-    ``main_port + 1`` (the job's ``MASTER_PORT`` + 1), never a random one, so that a firewall
-    can let exactly the job's ports through.
+    ``main_port + 1`` (the job's ``MASTER_PORT`` + 1), never a random one across hosts, so
+    that a firewall can let exactly the job's ports through (``_usable_rpc_port`` replaces a
+    busy one only where every rank runs on one host).
 
     Examples:
         >>> rpc_port(29500, environ={})
@@ -476,8 +511,15 @@ class ServerClient:
         """Join the RPC group, whose rendezvous rank 0 serves at ``host`` (the job's main
         address) on ``rpc_port`` of ``main_port``, as rank 0 reads it (broadcast over the
         process group, so only rank 0's ``HETERO_RPC_PORT`` counts)."""
-        port = [rpc_port(main_port) if rank == 0 else None]
+        port = [_usable_rpc_port(host, main_port) if rank == 0 else None]
         dist.broadcast_object_list(port, src=0)
+        if port[0] < 0:  # rank 0 cannot listen there: every rank says so now, none waits
+            raise RuntimeError(
+                f"hetero: rank {rank}: port {-port[0]} on {host}, where the parameter server's"
+                " RPC rendezvous listens (MASTER_PORT + 1, or"
+                f" {RPC_PORT_ENV}), is in use on the main node. Set {RPC_PORT_ENV} to a free"
+                " port there that the job's nodes can reach."
+            )
         options = rpc.TensorPipeRpcBackendOptions(
             init_method=f"tcp://{host}:{port[0]}", rpc_timeout=timeout
         )

@@ -1,12 +1,13 @@
 """The ports and addresses of the channels besides the process group, and the Ray extra."""
 
 import importlib
+import socket
 import sys
 from unittest import mock
 
 import pytest
 
-from lightning_hetero.paramserver import RPC_PORT_ENV, ServerClient, rpc_port
+from lightning_hetero.paramserver import RPC_PORT_ENV, ServerClient, _usable_rpc_port, rpc_port
 
 
 def test_the_rpc_port_follows_the_jobs_main_port() -> None:
@@ -50,6 +51,7 @@ def test_rank_0_listens_at_the_main_address_on_its_port_and_every_rank_follows(
 
 def test_a_failed_rendezvous_names_the_address_and_the_variable() -> None:
     with (
+        mock.patch("lightning_hetero.paramserver._can_listen", return_value=True),
         mock.patch("torch.distributed.broadcast_object_list"),
         mock.patch("torch.distributed.rpc.init_rpc", side_effect=RuntimeError("Address in use")),
         mock.patch("torch.distributed.rpc.TensorPipeRpcBackendOptions"),
@@ -58,6 +60,50 @@ def test_a_failed_rendezvous_names_the_address_and_the_variable() -> None:
         ServerClient.init_rpc(0, 2, "10.1.2.3", 30.0, main_port=29500)
     notes = "\n".join(getattr(caught.value, "__notes__", [])) + str(caught.value)
     assert "10.1.2.3:29501" in notes and RPC_PORT_ENV in notes
+
+
+def _busy_port() -> tuple[socket.socket, int]:
+    sock = socket.socket()
+    sock.bind(("", 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+def test_a_busy_rpc_port_on_one_host_is_replaced_by_a_free_one(monkeypatch) -> None:
+    # e.g. MASTER_PORT + 1 taken by another program, or by the store of an earlier fit in
+    # this process: on one host no firewall stands between the ranks
+    monkeypatch.delenv(RPC_PORT_ENV, raising=False)
+    sock, busy = _busy_port()
+    with sock:
+        chosen = _usable_rpc_port("127.0.0.1", busy - 1)
+        assert chosen > 0 and chosen != busy
+        assert _usable_rpc_port("localhost", busy - 1) > 0
+        sock.close()
+        assert _usable_rpc_port("127.0.0.1", busy - 1) == busy  # free again: the usual port
+
+
+@pytest.mark.parametrize("where", ["variable", "other host"])
+def test_a_busy_rpc_port_fails_every_rank_at_once_naming_the_port(monkeypatch, where) -> None:
+    # across hosts (or with the port named by the user) rank 0 keeps to the port, and every
+    # rank raises at once instead of waiting out torch's 30-minute rendezvous for rank 0
+    sock, busy = _busy_port()
+    host = "127.0.0.1"
+    if where == "variable":
+        monkeypatch.setenv(RPC_PORT_ENV, str(busy))
+    else:
+        monkeypatch.delenv(RPC_PORT_ENV, raising=False)
+        host = "10.1.2.3"
+    with sock:
+        assert _usable_rpc_port(host, busy - 1) == -busy
+        for rank in (0, 1):
+            broadcast = mock.Mock(side_effect=lambda objects, src: objects.__setitem__(0, -busy))
+            with (
+                mock.patch("torch.distributed.broadcast_object_list", broadcast),
+                mock.patch("torch.distributed.rpc.init_rpc") as init_rpc,
+                pytest.raises(RuntimeError, match=rf"rank {rank}: port {busy} on {host}.*in use"),
+            ):
+                ServerClient.init_rpc(rank, 2, host, 30.0, main_port=busy - 1)
+            init_rpc.assert_not_called()
 
 
 def test_the_ray_module_without_ray_names_the_extra(monkeypatch) -> None:

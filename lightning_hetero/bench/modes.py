@@ -193,6 +193,7 @@ CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
     "bsp": {"strategy": "hetero"},
     "async": {"strategy": "hetero", "extra": {"mode": "async"}},
     "async-plain": {"strategy": "hetero", "extra": {"mode": "async", "lookahead": False}},
+    "async-last": {"strategy": "hetero", "extra": {"mode": "async", "epoch_average": False}},
     "async-sqrt": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": "sqrt"}},
     "async-linear": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": "linear"}},
     "dual": {"strategy": "hetero", "controller": "dual", "extra": {"mode": "async"}},
@@ -205,6 +206,11 @@ CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
         "strategy": "hetero",
         "controller": "dual",
         "extra": {"mode": "async", "lr_scaling": "linear"},
+    },
+    "dual-last": {
+        "strategy": "hetero",
+        "controller": "dual",
+        "extra": {"mode": "async", "epoch_average": False},
     },
     "dual-paper": {
         "strategy": "hetero",
