@@ -10,6 +10,7 @@ megabatch_size, gamma, delta.
 
 import json
 import os
+import socket
 import sys
 
 import lightning.pytorch as pl
@@ -115,6 +116,13 @@ def main() -> None:
         from lightning.fabric.strategies.launchers import subprocess_script
 
         subprocess_script._ChildProcessObserver.__init__.__defaults__ = (60,)
+    busy = None
+    if config.get("occupy_rpc_port") and "LOCAL_RANK" not in os.environ:
+        # rank 0's process holds MASTER_PORT + 1, the RPC rendezvous's default port, as
+        # another program on the main node might (the launching process is rank 0)
+        busy = socket.socket()
+        busy.bind(("", int(os.environ["MASTER_PORT"]) + 1))
+        busy.listen()
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
     options = {
@@ -167,6 +175,8 @@ def main() -> None:
         with open(config["out"], "w") as handle:
             json.dump(report, handle)
     torch.distributed.destroy_process_group()
+    if busy is not None:
+        busy.close()
 
 
 if __name__ == "__main__":

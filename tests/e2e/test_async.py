@@ -1,7 +1,10 @@
 """Async (parameter server) mode on 3 gloo ranks, launched as a user would."""
 
 import json
+import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 
@@ -78,3 +81,38 @@ def test_a_worker_that_dies_is_named_and_a_resume_finishes(tmp_path):
     report = run(tmp_path, "resumed", epochs=3, resume=str(ckpt / "last.ckpt"), **common)
     assert len(report["history"]) == 3  # epoch 0 from the checkpoint, then epochs 1 and 2
     assert all(torch.isfinite(torch.tensor(report["weight"])))
+
+
+def test_a_busy_rpc_port_on_one_host_neither_hangs_nor_fails_the_run(tmp_path):
+    # MASTER_PORT + 1 held on the main node: rank 0 used to fail to listen there while rank 1
+    # waited out torch's 30-minute rendezvous for it (and held the job's output open); now
+    # rank 0 checks the port and, every rank being on this host, takes a free one
+    from lightning_hetero.paramserver import free_port
+
+    out = tmp_path / "busy.json"
+    config = {"out": str(out), "mode": "async", "epochs": 1, "occupy_rpc_port": True}
+    for _ in range(5):  # a main port whose next one is free to hold
+        main_port = free_port("127.0.0.1")
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", main_port + 1))
+                break
+            except OSError:
+                continue
+    proc = subprocess.Popen(
+        [sys.executable, "async_run.py", json.dumps(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=HERE,
+        env=child_env(MASTER_PORT=str(main_port)),
+        start_new_session=True,
+    )
+    try:
+        log, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        raise AssertionError(f"the run hung with its RPC port busy:\n{log[-3000:]}") from None
+    assert proc.returncode == 0, log[-3000:]
+    assert sum(json.loads(out.read_text())["pushes"]) == 3 * (384 // 48)
