@@ -31,7 +31,9 @@ class ParameterServerMode(Mode):
     ``lr * sqrt(b_k / B)`` by the measured gradient noise (``lr_scaling``), so ranks never
     wait for each other within an epoch. At validation, epoch ends and the end of training
     every rank loads the server's model (and the ranks' buffers are
-    averaged). Checkpoints on rank 0 hold the server's model and optimizer state.
+    averaged); at the epoch's end (its validation included) and the training's, the server
+    first takes the average of its parameters over the epoch's pushes (``epoch_average``).
+    Checkpoints on rank 0 hold the server's model and optimizer state.
     """
 
     name: ClassVar[str] = "async"
