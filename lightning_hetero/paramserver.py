@@ -177,9 +177,10 @@ class ParameterServer:
             _to_cpu(clone)
             rule = lr_rule(lr_scaling, optimizer, measured=True)
             noise = NoiseScale() if rule == "noise" else None
-            ahead = lookahead is not False and has_momentum(clone)
+            momentum = has_momentum(clone)
+            ahead = lookahead is not False and momentum
             recent = [_RankRecent(between=world_size - 1.0) for _ in range(world_size)]
-            averaging = epoch_average is True or (epoch_average == "auto" and has_momentum(clone))
+            averaging = epoch_average is True or (epoch_average == "auto" and momentum)
             self._slots.append(
                 _Slot(
                     clone,
@@ -436,7 +437,7 @@ def _usable_rpc_port(host: str, main_port: int) -> int:
     port = rpc_port(main_port)
     if _can_listen(port):
         return port
-    if not os.environ.get(RPC_PORT_ENV, "").strip() and _is_loopback(host):
+    if not _named_rpc_port() and _is_loopback(host):
         return free_port(host)
     return -port
 
@@ -460,6 +461,11 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _named_rpc_port(environ: Mapping[str, str] | None = None) -> str:
+    """``HETERO_RPC_PORT`` as set in ``environ`` (default: the process's), ``""`` if unset."""
+    return (os.environ if environ is None else environ).get(RPC_PORT_ENV, "").strip()
+
+
 def rpc_port(main_port: int, environ: Mapping[str, str] | None = None) -> int:
     """The port of the parameter server's RPC rendezvous: ``HETERO_RPC_PORT`` if set, else
     ``main_port + 1`` (the job's ``MASTER_PORT`` + 1), never a random one across hosts, so
@@ -472,7 +478,7 @@ def rpc_port(main_port: int, environ: Mapping[str, str] | None = None) -> int:
         >>> rpc_port(29500, environ={"HETERO_RPC_PORT": "40123"})
         40123
     """
-    value = (os.environ if environ is None else environ).get(RPC_PORT_ENV, "").strip()
+    value = _named_rpc_port(environ)
     if not value:
         port = main_port + 1
         if not 0 < port < 65536:
