@@ -52,7 +52,7 @@ from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
 from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
 from lightning_hetero.planning.dual import DualBatchPlan
-from lightning_hetero.replan import Replanner, check_replan_options
+from lightning_hetero.replan import REPLAN_BUDGET_DEFAULT, Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
 from lightning_hetero.streaming import set_rank_variables, unset_rank_variables
 
@@ -81,6 +81,7 @@ class HeteroOptions:
     revert_slower: bool = True
     smoothing: float = 0.8
     adjust_every: Literal["epoch"] | int = "epoch"
+    replan_budget: float | None = REPLAN_BUDGET_DEFAULT
     shuffle: bool = True
 
     @classmethod
@@ -105,7 +106,9 @@ def hetero_parts(
     """Check a strategy's hetero options and build its mode and plan state (before the
     Lightning strategy is built, so that bad input fails first). ``modes``: the engine's
     registry (default: DDP's)."""
-    check_replan_options(shared.deadband, shared.smoothing, options.adjust_every)
+    check_replan_options(
+        shared.deadband, shared.smoothing, options.adjust_every, shared.replan_budget
+    )
     check_probe_options(shared.memory_safety, shared.probe_batch_sizes)
     check_micro_batch_size(shared.micro_batch_size)
     training_mode = build_mode(mode, shared.controller, shared.deadband, options, modes=modes)
@@ -163,14 +166,18 @@ class HeteroEngine:
         self.shuffle, self.smoothing = shared.shuffle, shared.smoothing
         self.adjust_every, self.deadband = shared.adjust_every, shared.deadband
         self.memory_safety, self.probe_batch_sizes = shared.memory_safety, shared.probe_batch_sizes
-        self.revert_slower = shared.revert_slower
+        self.revert_slower, self.replan_budget = shared.revert_slower, shared.replan_budget
         self.training_mode = training_mode
         self.plan_state = plan_state
         # the objective it checks, one step time for every rank, exists in lock-step modes
         steps_together = training_mode.steps_together
         guard = StepTimeGuard() if shared.revert_slower and steps_together else None
         self.replanner = Replanner(
-            training_mode, shared.smoothing, shared.adjust_every, guard=guard
+            training_mode,
+            shared.smoothing,
+            shared.adjust_every,
+            guard=guard,
+            replan_budget=shared.replan_budget,
         )
         self.memory_probe = None
         #: The most samples a rank puts through the model at once, as given.

@@ -15,9 +15,10 @@ import math
 import socket
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from statistics import fmean
+from statistics import fmean, median
 from typing import Any, Literal
 
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
@@ -46,6 +47,13 @@ _COLLECT_EVERY = 64
 _READ_EVERY_S = 1.0
 #: The ``smoothing`` option's default: any other value is warned about (it has no effect).
 SMOOTHING_DEFAULT = 0.8
+#: The ``replan_budget`` option's default: boundaries every ``adjust_every`` batches take at
+#: most this share of the training time.
+REPLAN_BUDGET_DEFAULT = 0.01
+#: A boundary's cost is the median of a rank's last this many.
+_COSTS_KEPT = 8
+#: ``replan_budget`` spreads boundaries to at most this many times ``adjust_every`` batches.
+_MAX_SPREAD = 32
 #: A plan kept at a balance below this is explained, at most every that many boundaries.
 _SAY_HELD_BELOW = 0.9
 _SAY_HELD_EVERY = 20
@@ -62,10 +70,14 @@ class _Sent:
     rows: Callable[[], list[list[float]]]
     sent_s: float  # seconds spent sending it (the report and the gather or its start)
     gather_s: float  # of those, in the gather
+    overlapped: bool = False  # the gather ran beside training (no wait for the last rank)
 
 
 def check_replan_options(
-    deadband: Deadband, smoothing: float, adjust_every: Literal["epoch"] | int
+    deadband: Deadband,
+    smoothing: float,
+    adjust_every: Literal["epoch"] | int,
+    replan_budget: float | None = REPLAN_BUDGET_DEFAULT,
 ) -> None:
     """Refuse bad re-planning options at construction."""
     check_deadband(deadband)
@@ -82,6 +94,16 @@ def check_replan_options(
     if adjust_every != "epoch" and not is_count(adjust_every):
         raise ValueError(
             f"`adjust_every` must be 'epoch' or an integer >= 1, got {adjust_every!r}."
+        )
+    if replan_budget is not None and (
+        isinstance(replan_budget, bool)
+        or not isinstance(replan_budget, (int, float))
+        or not 0.0 < replan_budget < 1.0
+    ):
+        raise ValueError(
+            "`replan_budget` must be a share of the training time in (0, 1), e.g. 0.01, or"
+            f" None (a boundary every `adjust_every` batches whatever it costs), got"
+            f" {replan_budget!r}."
         )
 
 
@@ -112,6 +134,8 @@ class RankReport:
     step_se: float = math.nan
     #: Steps in ``step_s``.
     step_n: int = 0
+    #: Seconds this rank's latest boundaries took (the median of the last few; 0: none yet).
+    boundary_s: float = 0.0
 
     @staticmethod
     def columns(rows: Sequence[Sequence[float]]) -> dict[str, list[Any]]:
@@ -148,6 +172,11 @@ class Replanner:
         adjust_every: re-plan at each ``"epoch"`` end or every N training batches.
         guard: checks each plan change against the measured step time and reverts one that
             made steps slower (lock-step modes; ``None``: changes are kept unchecked).
+        replan_budget: with ``adjust_every`` a number, the largest share of the training time
+            that boundaries may take: where a boundary costs more than that share of the
+            ``adjust_every`` steps before it (short steps), boundaries come every multiple of
+            ``adjust_every`` batches that keeps them within it (every rank decides the same,
+            on the gathered reports). ``None``: every ``adjust_every`` batches.
     """
 
     def __init__(
@@ -156,12 +185,19 @@ class Replanner:
         smoothing: float,
         adjust_every: Literal["epoch"] | int,
         guard: StepTimeGuard | None = None,
+        replan_budget: float | None = None,
     ) -> None:
         self.training_mode = training_mode
         self.context: RunContext | None = None
         self.smoothing = smoothing
         self.adjust_every = adjust_every
         self.guard = guard
+        self.replan_budget = replan_budget
+        #: Batches between two boundaries now: ``adjust_every``, or a multiple of it that keeps
+        #: boundaries within ``replan_budget``.
+        self.interval: int | None = None if adjust_every == "epoch" else adjust_every
+        self._boundary_costs: deque[float] = deque(maxlen=_COSTS_KEPT)  # this rank's latest
+        self._said_spread = False
         #: One entry per boundary (see [Logging and plots](../logging.md) for its keys).
         self.history: list[dict[str, Any]] = []
         #: Called with each new history entry (the callback logs it).
@@ -224,6 +260,9 @@ class Replanner:
         self._epoch_batches = 0  # a resume inside an epoch gets no `epoch_started`
         self._in_flight = None
         self._said_unmeasured = False
+        self.interval = None if self.adjust_every == "epoch" else self.adjust_every
+        self._boundary_costs.clear()
+        self._said_spread = False
         with ctx.comm.guarded("the gather of host names"):
             rows = ctx.comm.gather_objects((socket.gethostname(), ctx.local_rank))
         self._identities = [RankIdentity(str(name), int(local)) for name, local in rows]
@@ -240,7 +279,8 @@ class Replanner:
         self.training_mode.on_train_epoch_start()
 
     def batch_finished(self, epoch: int, global_step: int) -> None:
-        """A training batch ended: a boundary every ``adjust_every`` batches.
+        """A training batch ended: a boundary every ``interval`` batches (``adjust_every``, or
+        a multiple of it within ``replan_budget``).
 
         Timings are folded in at boundaries (``report``) and every
         ``_COLLECT_EVERY`` batches, which keeps the timer's pending steps few without
@@ -249,7 +289,7 @@ class Replanner:
         self._epoch_batches += 1
         if self.batches % _COLLECT_EVERY == 0:
             self._collect()
-        if self.adjust_every != "epoch" and self.batches % self.adjust_every == 0:
+        if self.interval is not None and self.batches % self.interval == 0:
             with self.ctx.timer.waiting():  # the same on every rank: not the next step's cost
                 if self._overlaps:
                     self._overlapped_boundary(epoch, global_step)
@@ -312,6 +352,7 @@ class Replanner:
         return RankReport(
             s.batch_size, s.compute_s, s.wait_s, s.steps, drawn, *readings, check,
             s.compute_se, s.step_s, s.step_se, s.step_count,
+            median(self._boundary_costs) if self._boundary_costs else 0.0,
         )  # fmt: skip
 
     def boundary(self, epoch: int, global_step: int, updates: list[int] | None = None) -> None:
@@ -329,6 +370,9 @@ class Replanner:
 
     def _send(self, epoch: int, global_step: int, overlap: bool = False) -> _Sent:
         """This rank's report, gathered from every rank (``overlap``: on its way)."""
+        # the steps' timings are folded in every few batches whatever the boundaries: that
+        # is the steps' cost, not the boundary's (`boundary_s`, which `replan_budget` bounds)
+        self._collect()
         started = time.perf_counter()
         report = self.report()
         extra = self.training_mode.boundary_stats()  # before the gather (see the mode)
@@ -343,7 +387,7 @@ class Replanner:
             ended = time.perf_counter()
         return _Sent(
             epoch, global_step, self._epoch_batches, extra, rows, ended - started,
-            ended - gather_started,
+            ended - gather_started, overlap,
         )  # fmt: skip
 
     def _settle(
@@ -450,9 +494,36 @@ class Replanner:
         entry.update(extra)
         entry["boundary_s"] = sent.sent_s + time.perf_counter() - started
         entry["gather_s"] = gather_s
+        # a blocking gather's wait for the last rank would be spent in the next step anyway
+        self._boundary_costs.append(entry["boundary_s"] - (0.0 if sent.overlapped else gather_s))
+        self._spread(got["boundary_s"], got["step_s"])
+        entry["interval"] = self.interval
         self.history.append(entry)
         if self.on_record is not None:
             self.on_record(entry)
+
+    def _spread(self, boundary_s: Sequence[float], step_s: Sequence[float]) -> None:
+        """Set ``interval`` from the gathered costs: the fewest multiples of ``adjust_every``
+        batches whose steps make the costliest rank's boundary (the median of its last few)
+        at most ``replan_budget`` of their time. Every rank computes it from the same rows, so
+        boundaries stay collective."""
+        every, budget = self.adjust_every, self.replan_budget
+        if every == "epoch" or budget is None:
+            return
+        cost, step = max(boundary_s), _mean_finite(step_s)
+        if not (math.isfinite(step) and step > 0 and math.isfinite(cost) and cost > 0):
+            return
+        spread = min(_MAX_SPREAD, max(1, math.ceil(cost / (budget * step * every))))
+        if spread > 1 and not self._said_spread:
+            self._said_spread = True
+            rank_zero_info(
+                f"hetero: a boundary takes {cost * 1e3:.3g} ms, {cost / (step * every):.1%} of"
+                f" the {every} steps of {step * 1e3:.3g} ms between boundaries; re-planning every"
+                f" {spread * every} batches instead keeps it within `replan_budget`"
+                f" ({budget:.1%} of the training time). `replan_budget=None` re-plans every"
+                f" {every} batches whatever it costs. (Said once per fit.)"
+            )
+        self.interval = spread * every
 
     def _check_waits_seen(self, step_s: Sequence[float], wait_s: Sequence[float]) -> None:
         """Warn once when lock-step ranks' timings show waits the timer cannot see."""

@@ -55,10 +55,27 @@ def test_allowed_speedup_uses_the_fitted_curves_not_the_nominal_speeds():
     assert slower["fraction_allowed"] == pytest.approx(1 / 1.05, rel=1e-6)
 
 
+def test_the_step_bound_adds_the_time_outside_compute_to_both_plans():
+    # uniform: the slowest rank computes 0.31 s of a 0.35 s step, so 0.04 s of every step is
+    # the all-reduce and the loop, which no plan shrinks: (0.31 + 0.04) / (0.21 + 0.04)
+    pair = _pair(3.1 * 0.25 / 0.35)
+    pair["hetero"]["history"][0]["step_time"] = 0.35
+    figures = ratios("HL2", pair, skip=1)
+    assert figures["allowed"] == pytest.approx(0.31 / 0.21, rel=1e-6)
+    assert figures["allowed_step"] == pytest.approx(0.35 / 0.25, rel=1e-6)
+    assert figures["fraction_step"] == pytest.approx(1.0, rel=1e-6)
+    assert figures["fraction_allowed"] == pytest.approx(0.35 / 0.25 / (0.31 / 0.21), rel=1e-6)
+    assert figures["gain_capture"] == pytest.approx((1.4 - 1) / (0.31 / 0.21 - 1), rel=1e-6)
+    # without a step time (older runs) the bound is the compute-only one
+    plain = ratios("HL2", _pair(3.1 * 0.21 / 0.31), skip=1)
+    assert plain["allowed_step"] == pytest.approx(plain["allowed"], rel=1e-9)
+
+
 def test_the_report_has_the_allowed_columns():
     table = report({"HL2": [_pair(2.5), _pair(2.6)]}, skip=1)
     header = table.splitlines()[0]
     assert "| allowed |" in header and "| fraction_allowed |" in header
+    assert "| gain_capture |" in header and "| fraction_step |" in header
     assert "plan_fraction" in header and "`fraction_allowed`: speedup / allowed" in table
 
 

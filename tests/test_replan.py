@@ -1,5 +1,7 @@
 """The re-planner in one process: reports, decisions, history, checkpoints (no Trainer)."""
 
+import dataclasses
+import logging
 import math
 import warnings
 
@@ -29,9 +31,10 @@ from lightning_hetero.replan import (
 
 def test_a_report_travels_as_one_row_and_comes_back_typed():
     check = plan_checksum([3, 5])
-    report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6, check, 0.01, 0.6, 0.02, 3)
+    report = RankReport(24, 0.5, 0.1, 3, 7, 0.2, 0.9, 0.6, check, 0.01, 0.6, 0.02, 3, 2e-4)
     row = report.row()
-    assert row == [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6, float(check), 0.01, 0.6, 0.02, 3.0]
+    expected = [24.0, 0.5, 0.1, 3.0, 7.0, 0.2, 0.9, 0.6, float(check), 0.01, 0.6, 0.02, 3.0, 2e-4]
+    assert row == expected
     other = RankReport(8, 0.25, 0.0, 1, 2, 0.5, 1.0, 0.4, check, 0.0, 0.25, 0.0, 1)
     got = RankReport.columns([row, other.row()])
     for k, sent in enumerate((report, other)):
@@ -270,6 +273,55 @@ def test_boundaries_every_n_batches_decide_on_the_reports_the_boundary_before_se
     assert [entry["step"] for entry in replanner.history] == [2, 4]
     assert host.applied == [([10, 6], 6)]  # still measured at [8, 8]: kept
     assert replanner._in_flight is None
+
+
+def test_short_steps_spread_boundaries_to_keep_them_within_the_replan_budget(caplog):
+    """A peer reports that its last boundary took 50 ms and its steps 0.625 s: a boundary
+    every 2 batches would take 4% of the training time, so with a 1% budget boundaries come
+    every 8 batches (a multiple of `adjust_every`, decided from the gathered rows, so every
+    rank decides alike; this rank's own boundaries take far less than 50 ms)."""
+    peer = RankReport(8, 0.625, 0.0, 3, 4, 0.1, 0.5, 0.5, plan_checksum([8, 8]), 0.0)
+    peer = dataclasses.replace(peer, step_s=0.625, step_n=3, boundary_s=0.05)
+    host = _Host([8, 8], world_size=2, comm=_CountingComm([peer.row()]))
+    _timed(host, 8, 3, 0.625)
+    replanner = host.replanner(_Keep(), smoothing=0.0, adjust_every=2, replan_budget=0.01)
+    replanner.start()
+    replanner.epoch_started()
+    assert replanner.interval == 2
+    with caplog.at_level(logging.INFO):
+        for step in range(1, 5):
+            replanner.batch_finished(epoch=0, global_step=step)
+    assert replanner.interval == 8 and [e["step"] for e in replanner.history] == [2]
+    assert "re-planning every 8 batches" in caplog.text and "replan_budget" in caplog.text
+    for step in range(5, 33):
+        replanner.batch_finished(epoch=0, global_step=step)
+    # rank 0 runs this controller, so each boundary decides at once: at batch 2, then
+    # every 8 batches
+    assert [e["step"] for e in replanner.history] == [2, 8, 16, 24, 32]
+    # long steps: every `adjust_every` batches again; no budget: always
+    replanner._spread([2e-4, 2e-4], [0.5, 0.5])
+    assert replanner.interval == 2
+    replanner.replan_budget = None
+    replanner._spread([1.0, 1.0], [1e-3, 1e-3])
+    assert replanner.interval == 2
+
+
+def test_the_spread_is_bounded_and_ignores_missing_timings():
+    host = _two_ranks(_Keep())
+    replanner = host.replanner(_Keep(), smoothing=0.0, adjust_every=4, replan_budget=0.01)
+    replanner._spread([1.0, 0.0], [1e-3, 1e-3])  # a boundary of 1 s beside 1 ms steps
+    assert replanner.interval == 4 * 32
+    replanner._spread([1e-4, 1e-4], [math.nan, math.nan])  # no step timings: kept
+    assert replanner.interval == 4 * 32
+    epoch = host.replanner(_Keep(), smoothing=0.0, adjust_every="epoch", replan_budget=0.01)
+    epoch._spread([1.0, 1.0], [1e-3, 1e-3])
+    assert epoch.interval is None
+
+
+@pytest.mark.parametrize("budget", [0.0, 1.0, -0.1, True, "1%"])
+def test_a_bad_replan_budget_is_refused(budget):
+    with pytest.raises(ValueError, match="replan_budget"):
+        check_replan_options(0.05, 0.8, 2, budget)
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

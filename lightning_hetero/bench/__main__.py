@@ -69,6 +69,11 @@ COLUMNS = {
     "fraction_measured": "speedup / ideal from measured speeds",
     "allowed": "speedup the measured per-rank step-time curves allow (fixed costs included)",
     "fraction_allowed": "speedup / allowed",
+    "gain_capture": "(speedup - 1) / (allowed - 1): the share of the allowed gain reached",
+    "allowed_step": "allowed, with the step's time outside every rank's compute (the gradient"
+    " all-reduce, the loop; measured at the uniform plan's boundary) added to both plans: no"
+    " plan shrinks it",
+    "fraction_step": "speedup / allowed_step",
     "plan_fraction": "the curves' optimal compute step / the last plan's slowest measured"
     " compute step (the controller's share of the gap)",
     "balance": "balance efficiency E at the last boundary",
@@ -212,6 +217,11 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
     observations = measured_curves(history)
     allowed = allowed_speedup(observations, limits)
     optimal_s = optimal_step_time([StepTimeCurve.fit(points) for points in observations], limits)
+    # the uniform plan's step outside every rank's compute: the same under any plan
+    outside_s = max(0.0, first.get("step_time", math.nan) - max(first["compute_times"]))
+    if not math.isfinite(outside_s):
+        outside_s = 0.0
+    allowed_step = (allowed * optimal_s + outside_s) / (optimal_s + outside_s)
     to_095 = SimulationResult(history).adjustments_to_balance(0.95)
     plan_error = math.nan
     if "floor" not in pair.get("costs", {}):  # a floor leaves many optimal plans
@@ -228,6 +238,9 @@ def ratios(level: str, pair: dict[str, Any], skip: int) -> dict[str, float]:
         "fraction_measured": speedup / ideal_measured,
         "allowed": allowed,
         "fraction_allowed": speedup / allowed,
+        "gain_capture": (speedup - 1) / (allowed - 1) if allowed > 1 else math.nan,
+        "allowed_step": allowed_step,
+        "fraction_step": speedup / allowed_step,
         "plan_fraction": optimal_s / max(history[-1]["compute_times"]),
         "balance": history[-1]["balance"],
         "adjustments_to_095": float("nan") if to_095 is None else float(to_095),

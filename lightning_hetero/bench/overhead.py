@@ -119,7 +119,13 @@ def run_child(config: dict[str, Any]) -> None:
         history = getattr(strategy, "history", [])
         boundary_s = [entry["boundary_s"] for entry in history]
         gather_s = [entry.get("gather_s", 0.0) for entry in history]
-        result = {"step_s": gaps, "boundary_s": boundary_s, "gather_s": gather_s}
+        intervals = [entry.get("interval") for entry in history]
+        result = {
+            "step_s": gaps,
+            "boundary_s": boundary_s,
+            "gather_s": gather_s,
+            "interval": intervals,
+        }
         Path(config["result"]).write_text(json.dumps(result))
     release_process_group()
 

@@ -24,6 +24,7 @@ from lightning_hetero.pytorch_lightning.engine import MODE_OPTIONS, HeteroEngine
 from lightning_hetero.pytorch_lightning.microbatch import COLLECTIVES, MicroBatches
 from lightning_hetero.modes import ModeOptions, ShardedMode
 from lightning_hetero.planning import Controller
+from lightning_hetero.replan import REPLAN_BUDGET_DEFAULT
 
 __all__ = ["HeteroFSDPStrategy"]
 
@@ -94,7 +95,8 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
 
     The other options (``controller``, ``batch_sizes``, ``global_batch_size``,
     ``min_batch_size``, ``max_batch_size``, ``memory_safety``, ``probe_batch_sizes``,
-    ``deadband``, ``revert_slower``, ``smoothing``, ``adjust_every``, ``shuffle``) mean what
+    ``deadband``, ``revert_slower``, ``smoothing``, ``adjust_every``, ``replan_budget``,
+    ``shuffle``) mean what
     they mean for [`HeteroStrategy`][lightning_hetero.HeteroStrategy]. ``micro_batch_size``
     (an int, one per rank, or ``"auto"``) runs a rank's share as micro-batches with the
     collectives of one FSDP step: from the step's first forward to its last, every unit's
@@ -129,6 +131,7 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
         revert_slower: bool = True,
         smoothing: float = 0.8,
         adjust_every: Literal["epoch"] | int = "epoch",
+        replan_budget: float | None = REPLAN_BUDGET_DEFAULT,
         shuffle: bool = True,
         **kwargs: Any,
     ) -> None:

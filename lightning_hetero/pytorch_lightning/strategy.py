@@ -28,6 +28,7 @@ from lightning_hetero._options import ddp_keywords, keywords, refuse_unknown
 from lightning_hetero.pytorch_lightning.engine import MODE_OPTIONS, HeteroEngine, HeteroOptions, hetero_parts
 from lightning_hetero.modes import ModeOptions
 from lightning_hetero.planning import Controller
+from lightning_hetero.replan import REPLAN_BUDGET_DEFAULT
 
 __all__ = ["HeteroStrategy"]
 
@@ -102,6 +103,11 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             several ranks with a ``replicable`` controller such as the default, each boundary
             decides on the timings the one before gathered: training never waits for the
             gather, and a plan arrives N batches later).
+        replan_budget: with ``adjust_every`` a number, the largest share of the training
+            time that boundaries may take (default 0.01): where steps are so short that a
+            boundary every N batches would cost more, boundaries come every multiple of N
+            batches that keeps them within it (said once). ``None``: every N batches,
+            whatever it costs.
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
             (inexact with unequal batches; for ablations only). BSP mode only.
         shuffle: draw a new permutation of the training set every epoch (seeded by
@@ -211,6 +217,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         revert_slower: bool = True,
         smoothing: float = 0.8,
         adjust_every: Literal["epoch"] | int = "epoch",
+        replan_budget: float | None = REPLAN_BUDGET_DEFAULT,
         weighted: bool = True,
         shuffle: bool = True,
         lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto",
