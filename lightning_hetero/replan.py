@@ -18,7 +18,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from statistics import fmean, median
+from statistics import fmean
 from typing import Any, Literal
 
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_warn
@@ -49,8 +49,9 @@ _READ_EVERY_S = 1.0
 SMOOTHING_DEFAULT = 0.8
 #: The ``replan_budget`` option's default: boundaries every ``adjust_every`` batches take at
 #: most this share of the training time.
-REPLAN_BUDGET_DEFAULT = 0.01
-#: A boundary's cost is the median of a rank's last this many.
+REPLAN_BUDGET_DEFAULT = 0.005
+#: A boundary's cost is the mean of a rank's last this many (a mean, so that the odd slow
+#: boundary counts as it does in wall time).
 _COSTS_KEPT = 8
 #: ``replan_budget`` spreads boundaries to at most this many times ``adjust_every`` batches.
 _MAX_SPREAD = 32
@@ -134,7 +135,7 @@ class RankReport:
     step_se: float = math.nan
     #: Steps in ``step_s``.
     step_n: int = 0
-    #: Seconds this rank's latest boundaries took (the median of the last few; 0: none yet).
+    #: Seconds this rank's latest boundaries took (the mean of the last few; 0: none yet).
     boundary_s: float = 0.0
 
     @staticmethod
@@ -352,7 +353,7 @@ class Replanner:
         return RankReport(
             s.batch_size, s.compute_s, s.wait_s, s.steps, drawn, *readings, check,
             s.compute_se, s.step_s, s.step_se, s.step_count,
-            median(self._boundary_costs) if self._boundary_costs else 0.0,
+            fmean(self._boundary_costs) if self._boundary_costs else 0.0,
         )  # fmt: skip
 
     def boundary(self, epoch: int, global_step: int, updates: list[int] | None = None) -> None:
@@ -504,7 +505,7 @@ class Replanner:
 
     def _spread(self, boundary_s: Sequence[float], step_s: Sequence[float]) -> None:
         """Set ``interval`` from the gathered costs: the fewest multiples of ``adjust_every``
-        batches whose steps make the costliest rank's boundary (the median of its last few)
+        batches whose steps make the costliest rank's boundary (the mean of its last few)
         at most ``replan_budget`` of their time. Every rank computes it from the same rows, so
         boundaries stay collective."""
         every, budget = self.adjust_every, self.replan_budget

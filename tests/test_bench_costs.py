@@ -3,7 +3,12 @@
 import pytest
 
 from lightning_hetero.bench.boundary_cost import boundary_table, gather_s, replan_s
-from lightning_hetero.bench.overhead import measure_overhead, overhead_table
+from lightning_hetero.bench.overhead import (
+    interleaved_ratio,
+    measure_interleaved,
+    measure_overhead,
+    overhead_table,
+)
 
 
 def test_a_timed_boundary_changes_the_plan_it_is_given():
@@ -29,8 +34,12 @@ def test_the_overhead_benchmark_pairs_ddp_and_hetero_runs():
     assert 0 < pair["boundary_share"] < 1  # the hetero run's boundaries per step / its step
     table = overhead_table(pairs)
     assert table.splitlines()[0].startswith("| DDPStrategy step (ms)")
-    assert table.splitlines()[0].endswith("| boundaries / steps | without the all-gather |")
+    assert table.splitlines()[0].endswith(
+        "| CPU time ratio | boundaries / steps | without the all-gather |"
+    )
     assert 0 < pair["boundary_share_local"] <= pair["boundary_share"]
+    assert pair["cpu_ratio"] == pytest.approx(pair["hetero_cpu"] / pair["ddp_cpu"])
+    assert pair["hetero_cpu"] > 0 and pair["ddp_cpu"] > 0
 
 
 def test_the_overhead_table_names_the_pair_it_compares():
@@ -45,3 +54,28 @@ def test_the_overhead_benchmark_refuses_a_bad_adjust_every():
 
     with pytest.raises(SystemExit):
         main(["--overhead", "--adjust-every", "often"])
+
+
+def test_interleaved_ratio_pairs_each_on_block_with_the_off_block_after_it():
+    # the warm-up cut the first block (2 steps of 3): it is left out, as is a lone last block
+    steps = [9.0, 9.0] + [1.2, 1.2, 1.2, 1.0, 1.0, 1.0] * 2 + [3.0, 3.0, 3.0]
+    off = [1, 1] + [0, 0, 0, 1, 1, 1] * 2 + [0, 0, 0]
+    assert interleaved_ratio(steps, off, block=3) == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="no pair of whole blocks"):
+        interleaved_ratio([1.0] * 4, [0, 0, 0, 0], block=3)
+
+
+def test_the_interleaved_overhead_run_turns_boundaries_on_and_off():
+    (run,) = measure_interleaved(
+        repeats=1, steps=60, block=8, options={"adjust_every": 2, "replan_budget": None}
+    )
+    assert run["ratio"] > 0 and run["cpu_ratio"] > 0
+    # boundaries every 2 batches in the on blocks only: about half of (60 + warm-up) / 2
+    assert 20 <= run["boundaries"] <= 40 and run["interval"] == 2
+
+
+def test_interleave_needs_boundaries_every_n_batches():
+    from lightning_hetero.bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--overhead", "--interleave", "64"])

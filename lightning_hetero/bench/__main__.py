@@ -422,6 +422,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     costs.add_argument("--steps", type=int, default=400, help="timed steps per --overhead run")
     costs.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="BLOCK",
+        help="with --overhead --adjust-every N: one run per repeat whose boundaries are on and"
+        " off in alternate blocks of BLOCK batches (e.g. 128, with --steps 4000); the ratio of"
+        " on to off blocks' mean step, robust to the load's drift between runs",
+    )
+    costs.add_argument(
         "--boundary", action="store_true", help="cost of one re-planning boundary by K"
     )
     costs.add_argument(
@@ -513,6 +522,32 @@ def _check_accuracy_options(
     return configs
 
 
+#: The overhead pair's dead-band: no measured gain passes it, so both runs keep the uniform
+#: plan and differ only in their boundaries.
+_HOLD_DEADBAND = 0.95
+
+
+def _run_interleaved(args: argparse.Namespace, options: dict[str, Any]) -> None:
+    from lightning_hetero.bench._format import spread
+    from lightning_hetero.bench.overhead import measure_interleaved
+
+    with tqdm(total=args.repeats, desc="interleaved", unit="run") as bar:
+        runs = measure_interleaved(args.repeats, args.steps, args.interleave, options, progress=bar)
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=1))
+    cells = [
+        spread([r[key] for r in runs], fmt, scale)
+        for key, fmt, scale in (
+            ("ratio", ".3f", 1), ("cpu_ratio", ".3f", 1), ("step_s", ".3f", 1e3),
+            ("interval", ".0f", 1), ("boundaries", ".0f", 1),
+        )
+    ]  # fmt: skip
+    print(
+        "| boundaries on / off: wall time | CPU time | step (ms) | interval (batches) |"
+        " boundaries |\n|---|---|---|---|---|\n| " + " | ".join(cells) + " |"
+    )
+
+
 def _run_costs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.repeats < 1 or args.steps < 1:
         parser.error("need --repeats >= 1 and --steps >= 1")
@@ -524,8 +559,18 @@ def _run_costs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         if every != "epoch":  # re-planning every N steps against once an epoch
             if not every.isdigit() or int(every) < 1:
                 parser.error(f"--adjust-every must be 'epoch' or an integer >= 1, got {every!r}")
-            options, baseline = {"adjust_every": int(every)}, {"adjust_every": "epoch"}
+            # both keep the uniform plan (a dead-band no gain passes): the pair then differs
+            # only in the boundaries' work, not in where the timings of equal ranks on
+            # 2.5 ms steps move the plan (they did move it, and made steps slower)
+            hold = {"deadband": _HOLD_DEADBAND}
+            options = {"adjust_every": int(every), **hold}
+            baseline = {"adjust_every": "epoch", **hold}
             names = ('adjust_every="epoch"', f"adjust_every={int(every)}")
+            if args.interleave:
+                _run_interleaved(args, options)
+                return
+        elif args.interleave:
+            parser.error("--interleave needs --adjust-every N (boundaries to turn on and off)")
         with tqdm(total=2 * args.repeats, desc="overhead", unit="run") as bar:
             pairs = measure_overhead(
                 args.repeats, args.steps, defaults=True, progress=bar, options=options,

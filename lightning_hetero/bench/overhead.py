@@ -11,14 +11,21 @@ median over blocks of 8 consecutive steps of each block's mean step: a cost paid
 second step (a boundary at ``adjust_every=2``) is then spread over the steps as it is in
 wall time, where the median of single steps falls anywhere between the two kinds of step,
 and a stalled block is still left out. Runs alternate DDP/Hetero in pairs, and the figure
-is the ratio within each pair.
+is the ratio within each pair. The CPU time ratio is the same for rank 0's process CPU
+seconds per step (every thread, gloo's included): the work each strategy does, without the
+waits and the scheduling that make consecutive runs on a busy machine differ by more than
+a 1% cost.
 
 With ``--adjust-every N`` the pair is HeteroStrategy(adjust_every=N) against
 HeteroStrategy(adjust_every="epoch") instead: what re-planning every N steps costs over
 re-planning once an epoch (the boundary's all-gather and decision, DESIGN section 6), the two
-alternating in each pair as above.
+alternating in each pair as above. Both then run with a dead-band no gain passes, so both
+keep the uniform plan and differ in the boundaries' work alone: on these 2.5 ms steps the
+timings of the two equal ranks differ enough to move the plan, which changes the step's
+arithmetic, not the boundaries' cost.
 """
 
+import itertools
 import json
 import statistics
 import sys
@@ -28,7 +35,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["measure_overhead", "overhead_table", "run_child", "step_time"]
+__all__ = [
+    "interleaved_ratio",
+    "measure_interleaved",
+    "measure_overhead",
+    "overhead_table",
+    "run_child",
+    "step_time",
+]
 
 _WARMUP = 50
 #: Steps per block of ``step_time``: a multiple of every ``adjust_every`` benchmarked (1, 2,
@@ -88,11 +102,32 @@ def run_child(config: dict[str, Any]) -> None:
     class StepClock(pl.Callback):
         def __init__(self) -> None:
             self.marks: list[float] = []
+            self.cpu_marks: list[float] = []  # the process's CPU time (all its threads)
 
         def on_train_batch_start(self, *args: Any) -> None:
             self.marks.append(time.perf_counter())
+            self.cpu_marks.append(time.process_time())
+
+    class Interleave(pl.Callback):
+        """Boundaries on for ``block`` batches, off for the next ``block``, and so on (the
+        same batches on every rank, so boundaries stay collective): one run holds both
+        kinds of step, alternating faster than the machine's load drifts."""
+
+        def __init__(self, block: int) -> None:
+            self.block, self.phases, self._kept = block, [], None
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, index: int) -> None:
+            replanner = trainer.strategy.replanner
+            off = (index // self.block) % 2 == 1
+            if off and self._kept is None:  # the interval the budget chose, kept for later
+                self._kept, replanner.interval = replanner.interval, 1 << 30
+            elif not off and self._kept is not None:
+                replanner.interval, self._kept = self._kept, None
+            self.phases.append(int(off))
 
     clock = StepClock()
+    block = int(config.get("interleave", 0))
+    interleave = Interleave(block) if block and config["strategy"] == "hetero" else None
     defaults = bool(config.get("defaults", False))
     strategy: Any = (
         HeteroStrategy(**config.get("options", {}))
@@ -105,7 +140,7 @@ def run_child(config: dict[str, Any]) -> None:
         strategy=strategy,
         max_steps=steps,
         max_epochs=1,
-        callbacks=[clock],
+        callbacks=[clock] + ([interleave] if interleave is not None else []),
         # Lightning's defaults (logger, progress bar, checkpoint) or none of them
         logger=defaults,
         enable_checkpointing=defaults,
@@ -116,16 +151,21 @@ def run_child(config: dict[str, Any]) -> None:
     trainer.fit(Tiny())
     if trainer.global_rank == 0:
         gaps = [b - a for a, b in zip(clock.marks[_WARMUP:], clock.marks[_WARMUP + 1 :])]
+        cpu = clock.cpu_marks[_WARMUP:]
+        cpu_gaps = [b - a for a, b in zip(cpu, cpu[1:])]
         history = getattr(strategy, "history", [])
         boundary_s = [entry["boundary_s"] for entry in history]
         gather_s = [entry.get("gather_s", 0.0) for entry in history]
         intervals = [entry.get("interval") for entry in history]
         result = {
             "step_s": gaps,
+            "cpu_s": cpu_gaps,
             "boundary_s": boundary_s,
             "gather_s": gather_s,
             "interval": intervals,
         }
+        if interleave is not None:  # 1: the step's batch had boundaries off
+            result["off"] = interleave.phases[_WARMUP : _WARMUP + len(gaps)]
         Path(config["result"]).write_text(json.dumps(result))
     release_process_group()
 
@@ -160,6 +200,8 @@ def measure_overhead(
                     config = {**config, "strategy": "hetero", "options": baseline}
                 run = launch(config, Path(tmp), 600, "lightning_hetero.bench.overhead")
                 medians[name] = step_time(run["step_s"])
+                if run.get("cpu_s"):  # CPU seconds per step: the work, without the waits
+                    medians[f"{name}_cpu"] = statistics.fmean(run["cpu_s"])
                 if name == "hetero":  # its boundaries' time per step over its mean step
                     steps_run = len(run["step_s"]) + _WARMUP + 1
                     mean_step = statistics.fmean(run["step_s"])
@@ -170,8 +212,69 @@ def measure_overhead(
                 if progress is not None:
                     progress.update()
             medians["ratio"] = medians["hetero"] / medians["ddp"]
+            if "hetero_cpu" in medians and "ddp_cpu" in medians:
+                medians["cpu_ratio"] = medians["hetero_cpu"] / medians["ddp_cpu"]
             pairs.append(medians)
     return pairs
+
+
+def interleaved_ratio(step_s: Sequence[float], off: Sequence[int], block: int) -> float:
+    """The median, over consecutive pairs of blocks (boundaries on, then off), of the on
+    block's mean step over the off block's.
+
+    Example:
+        >>> interleaved_ratio([1.1, 1.1, 1.0, 1.0] * 3, [0, 0, 1, 1] * 3, block=2)
+        1.1
+    """
+    ratios, on_block, start = [], None, 0
+    for kind, group in itertools.groupby(off[: len(step_s)]):
+        size = len(list(group))
+        mean = statistics.fmean(step_s[start : start + size])
+        start += size
+        if size != block:  # a block cut by the warm-up or the end: not used
+            on_block = None
+        elif kind == 0:
+            on_block = mean
+        elif on_block is not None:
+            ratios.append(on_block / mean)
+            on_block = None
+    if not ratios:
+        raise ValueError(f"no pair of whole blocks of {block} steps in {len(step_s)} steps")
+    return statistics.median(ratios)
+
+
+def measure_interleaved(
+    repeats: int = 3,
+    steps: int = 4000,
+    block: int = 128,
+    options: dict[str, Any] | None = None,
+    progress: Any = None,
+) -> list[dict[str, float]]:
+    """One HeteroStrategy run per repeat whose boundaries are on and off in alternate
+    blocks of ``block`` batches; per run, the median over block pairs of the on block's mean
+    step (wall and CPU time) over the off block's (``interleaved_ratio``)."""
+    from lightning_hetero.bench.run import launch
+
+    config = {
+        "steps": steps, "batch_size": 32, "width": 64, "defaults": True, "strategy": "hetero",
+        "options": options or {}, "interleave": block,
+    }  # fmt: skip
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeats):
+            run = launch(config, Path(tmp), 900, "lightning_hetero.bench.overhead")
+            runs.append(
+                {
+                    "ratio": interleaved_ratio(run["step_s"], run["off"], block),
+                    "cpu_ratio": interleaved_ratio(run["cpu_s"], run["off"], block),
+                    "step_s": statistics.median(run["step_s"]),
+                    "boundaries": float(len(run["boundary_s"])),
+                    "interval": float(statistics.median(i for i in run["interval"] if i)),
+                }
+            )
+            if progress is not None:
+                progress.update()
+    return runs
 
 
 def overhead_table(
@@ -189,13 +292,16 @@ def overhead_table(
         return spread([pair[key] for pair in pairs], fmt, scale)
 
     share = all("boundary_share" in pair and "boundary_share_local" in pair for pair in pairs)
+    cpu = all("cpu_ratio" in pair for pair in pairs)
     return "\n".join(
         [
             f"| {names[0]} step (ms) | {names[1]} step (ms) | ratio |"
+            + (" CPU time ratio |" if cpu else "")
             + (" boundaries / steps | without the all-gather |" if share else ""),
-            "|---|---|---|" + ("---|---|" if share else ""),
+            "|---|---|---|" + ("---|" if cpu else "") + ("---|---|" if share else ""),
             f"| {cell('ddp', 1e3, '.3f')} | {cell('hetero', 1e3, '.3f')}"
             f" | {cell('ratio', 1, '.3f')} |"
+            + (f" {cell('cpu_ratio', 1, '.3f')} |" if cpu else "")
             + (
                 f" {cell('boundary_share', 1, '.4f')} | {cell('boundary_share_local', 1, '.4f')} |"
                 if share
