@@ -71,7 +71,7 @@ class _Sent:
     rows: Callable[[], list[list[float]]]
     sent_s: float  # seconds spent sending it (the report and the gather or its start)
     gather_s: float  # of those, in the gather
-    overlapped: bool = False  # the gather ran beside training (no wait for the last rank)
+    sent_cpu_s: float = 0.0  # this thread's CPU seconds in sending it
 
 
 def check_replan_options(
@@ -135,7 +135,8 @@ class RankReport:
     step_se: float = math.nan
     #: Steps in ``step_s``.
     step_n: int = 0
-    #: Seconds this rank's latest boundaries took (the mean of the last few; 0: none yet).
+    #: CPU seconds of its training thread in its latest boundaries (the mean of the last few;
+    #: 0: none yet): the boundary's own work, without waits.
     boundary_s: float = 0.0
 
     @staticmethod
@@ -374,7 +375,7 @@ class Replanner:
         # the steps' timings are folded in every few batches whatever the boundaries: that
         # is the steps' cost, not the boundary's (`boundary_s`, which `replan_budget` bounds)
         self._collect()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         report = self.report()
         extra = self.training_mode.boundary_stats()  # before the gather (see the mode)
         comm = self.ctx.comm
@@ -388,7 +389,7 @@ class Replanner:
             ended = time.perf_counter()
         return _Sent(
             epoch, global_step, self._epoch_batches, extra, rows, ended - started,
-            ended - gather_started, overlap,
+            ended - gather_started, time.thread_time() - cpu_started,
         )  # fmt: skip
 
     def _settle(
@@ -397,7 +398,7 @@ class Replanner:
         """Wait for ``sent``'s reports, decide, apply the plan from a step no rank has drawn
         (``next_epoch``: from the next epoch) and record the boundary."""
         ctx, state = self.ctx, self.ctx.plan_state
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         with ctx.comm.guarded("the boundary's all-gather"):
             rows = sent.rows()
         gather_s = sent.gather_s + time.perf_counter() - started
@@ -495,13 +496,16 @@ class Replanner:
         entry.update(extra)
         entry["boundary_s"] = sent.sent_s + time.perf_counter() - started
         entry["gather_s"] = gather_s
-        # a blocking gather's wait for the last rank would be spent in the next step anyway
-        self._boundary_costs.append(entry["boundary_s"] - (0.0 if sent.overlapped else gather_s))
-        self._spread(got["boundary_s"], got["step_s"])
-        entry["interval"] = self.interval
         self.history.append(entry)
         if self.on_record is not None:
             self.on_record(entry)
+        # what `replan_budget` bounds: the boundary's own work, logging included, in this
+        # thread's CPU time: not the wait for the last rank (a blocking gather's would be
+        # spent in the next step anyway), nor time other processes had the core (ranks that
+        # share cores, as emulated clusters do)
+        self._boundary_costs.append(sent.sent_cpu_s + time.thread_time() - cpu_started)
+        self._spread(got["boundary_s"], got["step_s"])
+        entry["interval"] = self.interval
 
     def _spread(self, boundary_s: Sequence[float], step_s: Sequence[float]) -> None:
         """Set ``interval`` from the gathered costs: the fewest multiples of ``adjust_every``
@@ -518,8 +522,9 @@ class Replanner:
         if spread > 1 and not self._said_spread:
             self._said_spread = True
             rank_zero_info(
-                f"hetero: a boundary takes {cost * 1e3:.3g} ms, {cost / (step * every):.1%} of"
-                f" the {every} steps of {step * 1e3:.3g} ms between boundaries; re-planning every"
+                f"hetero: a boundary takes {cost * 1e3:.3g} ms of CPU,"
+                f" {cost / (step * every):.1%} of the {every} steps of {step * 1e3:.3g} ms"
+                " between boundaries; re-planning every"
                 f" {spread * every} batches instead keeps it within `replan_budget`"
                 f" ({budget:.1%} of the training time). `replan_budget=None` re-plans every"
                 f" {every} batches whatever it costs. (Said once per fit.)"
