@@ -523,11 +523,13 @@ class Replanner:
             self._said_spread = True
             rank_zero_info(
                 f"hetero: a boundary takes {cost * 1e3:.3g} ms of CPU,"
-                f" {cost / (step * every):.1%} of the {every} steps of {step * 1e3:.3g} ms"
+                f" {cost / (step * every):.1%} of the"
+                f" {'step' if every == 1 else f'{every} steps'} of {step * 1e3:.3g} ms"
                 " between boundaries; re-planning every"
                 f" {spread * every} batches instead keeps it within `replan_budget`"
                 f" ({budget:.1%} of the training time). `replan_budget=None` re-plans every"
-                f" {every} batches whatever it costs. (Said once per fit.)"
+                f" {'batch' if every == 1 else f'{every} batches'} whatever it costs. (Said"
+                " once per fit.)"
             )
         self.interval = spread * every
 
