@@ -77,5 +77,6 @@ def test_the_interleaved_overhead_run_turns_boundaries_on_and_off():
 def test_interleave_needs_boundaries_every_n_batches():
     from lightning_hetero.bench.__main__ import main
 
-    with pytest.raises(SystemExit):
-        main(["--overhead", "--interleave", "64"])
+    for argv in (["--overhead", "--interleave", "64"], ["--interleave", "64"]):
+        with pytest.raises(SystemExit):
+            main(argv)

@@ -437,6 +437,10 @@ def main(argv: list[str] | None = None) -> None:
         "--planning", action="store_true", help="one decision of every controller by K"
     )
     args = parser.parse_args(argv)
+    if args.interleave and (not args.overhead or args.interleave < 2):
+        parser.error(
+            "--interleave BLOCK (at least 2 batches) goes with --overhead --adjust-every N"
+        )
     chosen = args.simulate + args.modes + args.dual + args.overhead + args.boundary + args.planning
     if chosen > 1:
         parser.error(
