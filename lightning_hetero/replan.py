@@ -344,8 +344,8 @@ class Replanner:
 
     # ---------------------------------------------------------------- the boundary
     def report(self) -> RankReport:
-        """This rank's report for the boundary now."""
-        self._collect()
+        """This rank's report for the boundary now, on the timings folded in so far (``_send``
+        folds the pending ones first, outside the boundary's measured cost)."""
         s = self._smoother
         s.mark()
         readings = self._meter.read() if self._meter is not None else (math.nan,) * 3
