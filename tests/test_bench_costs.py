@@ -4,6 +4,7 @@ import pytest
 
 from lightning_hetero.bench.boundary_cost import boundary_table, gather_s, replan_s
 from lightning_hetero.bench.overhead import (
+    boundary_share,
     interleaved_ratio,
     measure_interleaved,
     measure_overhead,
@@ -67,11 +68,21 @@ def test_interleaved_ratio_pairs_each_on_block_with_the_off_block_after_it():
 
 def test_the_interleaved_overhead_run_turns_boundaries_on_and_off():
     (run,) = measure_interleaved(
-        repeats=1, steps=60, block=8, options={"adjust_every": 2, "replan_budget": None}
+        repeats=1,
+        steps=60,
+        block=8,
+        options={"adjust_every": 2, "replan_budget": None},
+        control=True,
     )
     assert run["ratio"] > 0 and run["cpu_ratio"] > 0
     # boundaries every 2 batches in the on blocks only: about half of (60 + warm-up) / 2
     assert 20 <= run["boundaries"] <= 40 and run["interval"] == 2
+    assert 0 < run["boundary_share"] < 1
+    assert run["control_ratio"] > 0 and run["control_cpu_ratio"] > 0  # the A/A run's
+
+
+def test_the_boundary_share_counts_the_steps_of_on_blocks_only():
+    assert boundary_share([1.0, 3.0, 5.0], [0, 1, 0], [0.3]) == pytest.approx(0.05)
 
 
 def test_interleave_needs_boundaries_every_n_batches():

@@ -24,6 +24,7 @@ from lightning_hetero.planning.faults import (
     weights_for_new_world,
 )
 from lightning_hetero.replan import Replanner
+from lightning_hetero.sampler import GlobalBatchSampler
 
 A0, A1, B0, C0 = (RankIdentity(h, r) for h, r in (("a", 0), ("a", 1), ("b", 0), ("c", 0)))
 
@@ -302,7 +303,8 @@ class _Indexed(pl.LightningModule):
     def train_dataloader(self):
         n = self.samples
         data = torch.utils.data.TensorDataset(torch.arange(n), torch.randn(n, 2))
-        return DataLoader(data, batch_size=4)
+        self.loader = DataLoader(data, batch_size=4)
+        return self.loader
 
     def training_step(self, batch, batch_idx):
         self.seen += batch[0].tolist()
@@ -328,6 +330,7 @@ def _run(strategy, tmp_path: Path, max_steps: int, ckpt_path=None, samples=40):
     )
     trainer.fit(model, ckpt_path=ckpt_path)
     assert trainer.global_step == max_steps
+    model.final_loop_state = trainer.fit_loop.state_dict()
     return model, tmp_path / "saved" / f"epoch=0-step={min(max_steps, 3)}.ckpt"
 
 
@@ -346,6 +349,17 @@ def test_a_mid_epoch_hetero_checkpoint_resumes_under_any_strategy(tmp_path, resu
     resumed, _ = _run(strategy, tmp_path / "again", max_steps=10, ckpt_path=checkpoint)
     if resume_under == "hetero":  # the epoch goes on where it stopped: each sample once
         assert sorted(first.seen + resumed.seen) == list(range(40))
+
+
+def test_after_fit_the_trainer_holds_the_user_s_loader_and_no_loader_position(tmp_path):
+    # issue 40, Lightning's test_loop_state_on_exception: the live loop state after `fit`
+    # equals the checkpoint's (whose position is kept under a key of its own), as under DDP
+    model, checkpoint = _run(_hetero(), tmp_path, max_steps=3)
+    loader = model.trainer.train_dataloader  # Lightning's, as under DDP: not the strategy's
+    assert loader.dataset is model.loader.dataset
+    assert not isinstance(loader.batch_sampler, GlobalBatchSampler)
+    saved = torch.load(checkpoint, weights_only=False)["loops"]["fit_loop"]
+    assert model.final_loop_state["state_dict"] == saved["state_dict"] == {}
 
 
 def test_a_mid_epoch_ddp_checkpoint_resumes_under_hetero(tmp_path):

@@ -535,20 +535,24 @@ def _run_interleaved(args: argparse.Namespace, options: dict[str, Any]) -> None:
     from lightning_hetero.bench._format import spread
     from lightning_hetero.bench.overhead import measure_interleaved
 
-    with tqdm(total=args.repeats, desc="interleaved", unit="run") as bar:
-        runs = measure_interleaved(args.repeats, args.steps, args.interleave, options, progress=bar)
+    with tqdm(total=args.repeats, desc="interleaved", unit="repeat") as bar:
+        runs = measure_interleaved(
+            args.repeats, args.steps, args.interleave, options, progress=bar, control=True
+        )
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
     cells = [
         spread([r[key] for r in runs], fmt, scale)
         for key, fmt, scale in (
-            ("ratio", ".3f", 1), ("cpu_ratio", ".3f", 1), ("step_s", ".3f", 1e3),
-            ("interval", ".0f", 1), ("boundaries", ".0f", 1),
+            ("ratio", ".3f", 1), ("cpu_ratio", ".3f", 1), ("control_ratio", ".3f", 1),
+            ("control_cpu_ratio", ".3f", 1), ("boundary_share", ".4f", 1),
+            ("step_s", ".3f", 1e3), ("interval", ".0f", 1), ("boundaries", ".0f", 1),
         )
     ]  # fmt: skip
     print(
-        "| boundaries on / off: wall time | CPU time | step (ms) | interval (batches) |"
-        " boundaries |\n|---|---|---|---|---|\n| " + " | ".join(cells) + " |"
+        "| boundaries on / off: wall time | CPU time | A/A control: wall time | CPU time |"
+        " boundaries / on-block time | step (ms) | interval (batches) | boundaries |\n"
+        "|---|---|---|---|---|---|---|---|\n| " + " | ".join(cells) + " |"
     )
 
 

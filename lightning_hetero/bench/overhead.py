@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "boundary_share",
     "interleaved_ratio",
     "measure_interleaved",
     "measure_overhead",
@@ -243,16 +244,36 @@ def interleaved_ratio(step_s: Sequence[float], off: Sequence[int], block: int) -
     return statistics.median(ratios)
 
 
+def boundary_share(
+    step_s: Sequence[float], off: Sequence[int], boundary_s: Sequence[float]
+) -> float:
+    """The boundaries' own time over the time of the steps that had boundaries on: their
+    cost as counted directly, where the on/off ratio also holds the machine's noise.
+
+    Example:
+        >>> boundary_share([2.0, 2.0, 1.0, 1.0], [0, 0, 1, 1], [0.02, 0.02])
+        0.01
+    """
+    on = sum(step for step, kind in zip(step_s, off) if not kind)
+    return sum(boundary_s) / on
+
+
 def measure_interleaved(
     repeats: int = 3,
     steps: int = 4000,
     block: int = 128,
     options: dict[str, Any] | None = None,
     progress: Any = None,
+    control: bool = False,
 ) -> list[dict[str, float]]:
     """One HeteroStrategy run per repeat whose boundaries are on and off in alternate
     blocks of ``block`` batches; per run, the median over block pairs of the on block's mean
-    step (wall and CPU time) over the off block's (``interleaved_ratio``)."""
+    step (wall and CPU time) over the off block's (``interleaved_ratio``), and the
+    boundaries' own share of the on blocks' time (``boundary_share``).
+
+    ``control``: each repeat also runs the same blocks with ``adjust_every="epoch"``, so
+    that neither block has a boundary (an A/A run): its ratios (``control_ratio``,
+    ``control_cpu_ratio``) show what the machine's noise alone gives."""
     from lightning_hetero.bench.run import launch
 
     config = {
@@ -263,15 +284,20 @@ def measure_interleaved(
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeats):
             run = launch(config, Path(tmp), 900, "lightning_hetero.bench.overhead")
-            runs.append(
-                {
-                    "ratio": interleaved_ratio(run["step_s"], run["off"], block),
-                    "cpu_ratio": interleaved_ratio(run["cpu_s"], run["off"], block),
-                    "step_s": statistics.median(run["step_s"]),
-                    "boundaries": float(len(run["boundary_s"])),
-                    "interval": float(statistics.median(i for i in run["interval"] if i)),
-                }
-            )
+            row = {
+                "ratio": interleaved_ratio(run["step_s"], run["off"], block),
+                "cpu_ratio": interleaved_ratio(run["cpu_s"], run["off"], block),
+                "boundary_share": boundary_share(run["step_s"], run["off"], run["boundary_s"]),
+                "step_s": statistics.median(run["step_s"]),
+                "boundaries": float(len(run["boundary_s"])),
+                "interval": float(statistics.median(i for i in run["interval"] if i)),
+            }
+            if control:
+                same = {**config, "options": {**config["options"], "adjust_every": "epoch"}}
+                null = launch(same, Path(tmp), 900, "lightning_hetero.bench.overhead")
+                row["control_ratio"] = interleaved_ratio(null["step_s"], null["off"], block)
+                row["control_cpu_ratio"] = interleaved_ratio(null["cpu_s"], null["off"], block)
+            runs.append(row)
             if progress is not None:
                 progress.update()
     return runs

@@ -54,6 +54,7 @@ __all__ = [
     "sampler_epoch",
     "skips_backward",
     "time_sigterm_broadcast",
+    "put_back_training_loader",
     "set_logged_batch",
     "step_checkpoints",
     "set_loop_counts",
@@ -488,6 +489,22 @@ def unstash_loader_states(checkpoint: dict[str, Any]) -> None:
     loop = _loop_state(checkpoint)
     if states is not None and loop is not None:
         loop["combined_loader"] = states
+
+
+def put_back_training_loader(trainer: "pl.Trainer", ours: object, theirs: object) -> None:
+    """After a fit, hand the fit loop the training loader Lightning gave the strategy
+    (``theirs``) where it holds the strategy's own (``ours``), as under DDP.
+
+    ``trainer.train_dataloader`` is then the user's loader again, and the loop's live state
+    holds no loader position, like the checkpoints the strategy writes
+    (``stash_loader_states``). A later fit loads its data anew (Lightning clears the loader
+    whenever it attaches data)."""
+    combined = trainer.fit_loop._combined_loader
+    if combined is None:
+        return
+    loaders = combined.flattened
+    if any(loader is ours for loader in loaders):
+        combined.flattened = [theirs if loader is ours else loader for loader in loaders]
 
 
 def step_checkpoints(trainer: "pl.Trainer") -> list[str]:

@@ -35,6 +35,7 @@ from lightning_hetero.pytorch_lightning._lightning import (
     check_own_sigterm_only,
     in_training_batch,
     name_unused_parameters_fix,
+    put_back_training_loader,
     request_train_reload,
     sampler_epoch,
 )
@@ -196,6 +197,8 @@ class HeteroEngine:
         # what set-up changed outside the strategy (environment variables, the Trainer's
         # callbacks), undone at teardown: the process is left as it was found
         self._undo: list[Callable[[], None]] = []
+        #: The Trainer, the training loader this strategy made and the one Lightning gave it.
+        self._training_loaders: tuple[pl.Trainer, DataLoader, Any] | None = None
         self._reload_after_setup = False  # the training data was loaded before that
 
     # ---------------------------------------------------------------- public state
@@ -432,7 +435,9 @@ class HeteroEngine:
         )
         if self.training_mode.even_steps:
             refuse_unequal_steps([int(row[0]) for row in self.gather_rows([len(sampler)])])
-        return with_batch_sampler(dataloader, sampler)
+        loader = with_batch_sampler(dataloader, sampler)
+        self._training_loaders = (trainer, loader, dataloader)  # put back at teardown
+        return loader
 
     def _first_plan(self, loader: DataLoader) -> list[int]:
         """Probe (``max_batch_size="auto"``, the mode's own) and make the first plan."""
@@ -690,6 +695,9 @@ class HeteroEngine:
     def teardown(self) -> None:
         self.training_mode.teardown()
         self.micro.teardown()
+        if self._training_loaders is not None:
+            put_back_training_loader(*self._training_loaders)
+            self._training_loaders = None
         while self._undo:
             self._undo.pop()()
         super().teardown()
