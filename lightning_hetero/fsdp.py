@@ -94,8 +94,8 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
     The other options (``controller``, ``batch_sizes``, ``global_batch_size``,
     ``min_batch_size``, ``max_batch_size``, ``memory_safety``, ``probe_batch_sizes``,
     ``deadband``, ``revert_slower``, ``smoothing``, ``adjust_every``, ``replan_budget``,
-    ``shuffle``) mean what
-    they mean for [`HeteroStrategy`][lightning_hetero.HeteroStrategy]. ``micro_batch_size``
+    ``first_boundary``, ``shuffle``) mean what they mean for
+    [`HeteroStrategy`][lightning_hetero.HeteroStrategy]. ``micro_batch_size``
     (an int, one per rank, or ``"auto"``) runs a rank's share as micro-batches with the
     collectives of one FSDP step: from the step's first forward to its last, every unit's
     parameters stay gathered and its gradients unsharded. ``"auto"`` measures that: the
@@ -130,6 +130,7 @@ class HeteroFSDPStrategy(SameCopy, HeteroEngine, ModelParallelStrategy):
         smoothing: float = 0.8,
         adjust_every: Literal["epoch"] | int = "epoch",
         replan_budget: float | None = REPLAN_BUDGET_DEFAULT,
+        first_boundary: Literal["auto"] | int | None = "auto",
         shuffle: bool = True,
         **kwargs: Any,
     ) -> None:

@@ -50,6 +50,10 @@ SMOOTHING_DEFAULT = 0.8
 #: The ``replan_budget`` option's default: boundaries every ``adjust_every`` batches take at
 #: most this share of the training time.
 REPLAN_BUDGET_DEFAULT = 0.005
+#: ``first_boundary="auto"``: the first epoch's early boundary comes after this many
+#: batches, in an epoch of at least ``_EARLY_EPOCH_FACTOR`` times as many.
+EARLY_BOUNDARY_BATCHES = 8
+_EARLY_EPOCH_FACTOR = 2
 #: A boundary's cost is the mean of a rank's last this many (a mean, so that the odd slow
 #: boundary counts as it does in wall time).
 _COSTS_KEPT = 8
@@ -79,6 +83,7 @@ def check_replan_options(
     smoothing: float,
     adjust_every: Literal["epoch"] | int,
     replan_budget: float | None = REPLAN_BUDGET_DEFAULT,
+    first_boundary: Literal["auto"] | int | None = "auto",
 ) -> None:
     """Refuse bad re-planning options at construction."""
     check_deadband(deadband)
@@ -95,6 +100,17 @@ def check_replan_options(
     if adjust_every != "epoch" and not is_count(adjust_every):
         raise ValueError(
             f"`adjust_every` must be 'epoch' or an integer >= 1, got {adjust_every!r}."
+        )
+    if first_boundary not in ("auto", None) and not is_count(first_boundary):
+        raise ValueError(
+            "`first_boundary` must be 'auto', an integer >= 1 (batches into the first epoch)"
+            f" or None, got {first_boundary!r}."
+        )
+    if is_count(first_boundary) and adjust_every != "epoch":
+        raise ValueError(
+            f"`first_boundary={first_boundary}` adds a boundary to the first epoch under"
+            f" `adjust_every='epoch'`; with `adjust_every={adjust_every!r}` boundaries already"
+            " come every few batches: leave `first_boundary` out."
         )
     if replan_budget is not None and (
         isinstance(replan_budget, bool)
@@ -179,6 +195,11 @@ class Replanner:
             ``adjust_every`` steps before it (short steps), boundaries come every multiple of
             ``adjust_every`` batches that keeps them within it (every rank decides the same,
             on the gathered reports). ``None``: every ``adjust_every`` batches.
+        first_boundary: with ``adjust_every="epoch"``, one boundary this many batches into
+            the first epoch of a fit that has measured nothing yet, so that epoch's rest
+            already runs a measured plan (modes that re-plan within an epoch); ``"auto"``:
+            after ``EARLY_BOUNDARY_BATCHES`` batches, in an epoch of at least twice
+            as many; ``None``: none.
     """
 
     def __init__(
@@ -188,8 +209,12 @@ class Replanner:
         adjust_every: Literal["epoch"] | int,
         guard: StepTimeGuard | None = None,
         replan_budget: float | None = None,
+        first_boundary: Literal["auto"] | int | None = None,
     ) -> None:
         self.training_mode = training_mode
+        self.first_boundary = first_boundary
+        #: The batch of this epoch after which the early boundary comes (``None``: none).
+        self._early_at: int | None = None
         self.context: RunContext | None = None
         self.smoothing = smoothing
         self.adjust_every = adjust_every
@@ -276,9 +301,27 @@ class Replanner:
     def epoch_started(self) -> None:
         """An epoch of training starts."""
         self._epoch_batches = 0
+        self._early_at = self._early_boundary()
         self._params_of = None  # listed again at the next boundary
         self.ctx.timer.break_cycle()  # the time between epochs is no step's
         self.training_mode.on_train_epoch_start()
+
+    def _early_boundary(self) -> int | None:
+        """The batch after which this epoch has its early boundary (``first_boundary``): the
+        first epoch of a fit with nothing measured yet (no boundary so far, none restored),
+        under ``adjust_every="epoch"``, in a mode that re-plans within an epoch. Every rank
+        decides the same: the epoch's length and the history are the same everywhere."""
+        first, mode = self.first_boundary, self.training_mode
+        if first is None or self.adjust_every != "epoch" or self.history:
+            return None
+        if not mode.replans_within_epoch or mode.sampler is None:
+            return None
+        steps = len(mode.sampler)
+        if first == "auto":
+            first = EARLY_BOUNDARY_BATCHES
+            if steps < _EARLY_EPOCH_FACTOR * first:
+                return None
+        return first if first < steps else None
 
     def batch_finished(self, epoch: int, global_step: int) -> None:
         """A training batch ended: a boundary every ``interval`` batches (``adjust_every``, or
@@ -291,6 +334,12 @@ class Replanner:
         self._epoch_batches += 1
         if self.batches % _COLLECT_EVERY == 0:
             self._collect()
+        if self._early_at is not None and self._epoch_batches == self._early_at:
+            self._early_at = None
+            with self.ctx.timer.waiting():
+                self._collect(synchronize=True)
+                self.boundary(epoch, global_step)
+            return
         if self.interval is not None and self.batches % self.interval == 0:
             with self.ctx.timer.waiting():  # the same on every rank: not the next step's cost
                 if self._overlaps:

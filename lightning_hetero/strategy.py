@@ -106,6 +106,12 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             boundary every N batches would cost more, boundaries come every multiple of N
             batches that keeps them within it (said once). ``None``: every N batches,
             whatever it costs.
+        first_boundary: with ``adjust_every="epoch"``, one boundary this many training
+            batches into the first epoch of a fit that has measured nothing yet, so the rest
+            of that epoch runs a measured plan instead of the initial one (short fine-tunes
+            gain from the first epoch). ``"auto"`` (default): after 8 batches, in an epoch of
+            at least 16; ``None``: the first plan holds until the first epoch ends. Modes
+            that re-plan within an epoch only (``"bsp"``, and ``HeteroFSDPStrategy``).
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
             (inexact with unequal batches; for ablations only). BSP mode only.
         shuffle: draw a new permutation of the training set every epoch (seeded by
@@ -216,6 +222,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         smoothing: float = 0.8,
         adjust_every: Literal["epoch"] | int = "epoch",
         replan_budget: float | None = REPLAN_BUDGET_DEFAULT,
+        first_boundary: Literal["auto"] | int | None = "auto",
         weighted: bool = True,
         shuffle: bool = True,
         lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto",

@@ -55,6 +55,7 @@ from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
 from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
 from lightning_hetero.planning.dual import DualBatchPlan
+from lightning_hetero.planning.split import is_count
 from lightning_hetero.replan import REPLAN_BUDGET_DEFAULT, Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
 from lightning_hetero.streaming import set_rank_variables, unset_rank_variables
@@ -85,6 +86,7 @@ class HeteroOptions:
     smoothing: float = 0.8
     adjust_every: Literal["epoch"] | int = "epoch"
     replan_budget: float | None = REPLAN_BUDGET_DEFAULT
+    first_boundary: Literal["auto"] | int | None = "auto"
     shuffle: bool = True
 
     @classmethod
@@ -110,11 +112,21 @@ def hetero_parts(
     Lightning strategy is built, so that bad input fails first). ``modes``: the engine's
     registry (default: DDP's)."""
     check_replan_options(
-        shared.deadband, shared.smoothing, options.adjust_every, shared.replan_budget
+        shared.deadband,
+        shared.smoothing,
+        options.adjust_every,
+        shared.replan_budget,
+        shared.first_boundary,
     )
     check_probe_options(shared.memory_safety, shared.probe_batch_sizes)
     check_micro_batch_size(shared.micro_batch_size)
     training_mode = build_mode(mode, shared.controller, shared.deadband, options, modes=modes)
+    if is_count(shared.first_boundary) and not training_mode.replans_within_epoch:
+        raise ValueError(
+            f"`first_boundary={shared.first_boundary}` re-plans inside the first epoch, which"
+            f" {training_mode.option_text()} does not (its plans change at epoch ends): leave"
+            " `first_boundary` out."
+        )
     if shared.micro_batch_size is not None and not training_mode.micro_batches:
         raise ValueError(
             "`micro_batch_size` runs under HeteroStrategy(mode='bsp') and HeteroFSDPStrategy"
@@ -170,6 +182,7 @@ class HeteroEngine:
         self.adjust_every, self.deadband = shared.adjust_every, shared.deadband
         self.memory_safety, self.probe_batch_sizes = shared.memory_safety, shared.probe_batch_sizes
         self.revert_slower, self.replan_budget = shared.revert_slower, shared.replan_budget
+        self.first_boundary = shared.first_boundary
         self.training_mode = training_mode
         self.plan_state = plan_state
         # the objective it checks, one step time for every rank, exists in lock-step modes
@@ -181,6 +194,7 @@ class HeteroEngine:
             shared.adjust_every,
             guard=guard,
             replan_budget=shared.replan_budget,
+            first_boundary=shared.first_boundary,
         )
         self.memory_probe = None
         #: The most samples a rank puts through the model at once, as given.
