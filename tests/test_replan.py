@@ -730,3 +730,79 @@ def test_the_exit_handler_frees_reference_cycles_before_the_interpreter_finalize
     del cycle
     collectives._destroy_process_group()
     assert freed == [True]
+
+
+# ---------------------------------------------------------------- first_boundary
+class _EpochMode(_Mode):
+    """A mode that re-plans within an epoch, whose sampler has ``steps`` batches."""
+
+    replans_within_epoch = True
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.sampler = list(range(steps))
+
+
+def _early(first_boundary, steps: int, within: bool = True) -> Replanner:
+    host = _Host([8, 8], world_size=2, comm=_CountingComm([]))
+    host.training_mode = _EpochMode(steps)
+    host.training_mode.replans_within_epoch = within
+    replanner = host.replanner(
+        _Keep(), smoothing=0.0, adjust_every="epoch", first_boundary=first_boundary
+    )
+    replanner.start()
+    _timed(host, 8, steps, 0.04)
+    return replanner
+
+
+def _epoch_steps(replanner: Replanner, steps: int, epoch: int = 0) -> list[int]:
+    replanner.epoch_started()
+    for batch in range(1, steps + 1):
+        replanner.batch_finished(epoch=epoch, global_step=epoch * steps + batch)
+    replanner.epoch_finished(epoch=epoch, global_step=(epoch + 1) * steps)
+    return [entry["step"] for entry in replanner.history]
+
+
+def test_auto_adds_one_boundary_eight_batches_into_the_first_epoch_only():
+    replanner = _early("auto", steps=20)
+    assert _epoch_steps(replanner, 20) == [8, 20]
+    assert _epoch_steps(replanner, 20, epoch=1) == [8, 20, 40]  # the second epoch: its end
+
+
+@pytest.mark.parametrize(
+    ("first_boundary", "steps", "within", "expected"),
+    [
+        ("auto", 15, True, [15]),  # an epoch under twice 8 batches: only its end
+        (3, 5, True, [3, 5]),  # a number: after that many batches
+        (5, 5, True, [5]),  # no sooner than the end: only the end
+        (None, 40, True, [40]),  # off
+        ("auto", 40, False, [40]),  # a mode whose plans change at epoch ends only
+    ],
+)
+def test_the_early_boundary_needs_room_in_the_epoch_and_a_mode_that_replans_within_it(
+    first_boundary, steps, within, expected
+):
+    replanner = _early(first_boundary, steps, within)
+    assert _epoch_steps(replanner, steps) == expected
+
+
+def test_a_fit_that_restored_its_history_has_no_early_boundary():
+    replanner = _early("auto", steps=20)
+    replanner.history = [{"epoch": 0, "step": 20}]  # from a checkpoint: measured already
+    assert _epoch_steps(replanner, 20) == [20, 20]
+
+
+@pytest.mark.parametrize(
+    ("first_boundary", "adjust_every", "match"),
+    [
+        (0, "epoch", "must be 'auto', an integer >= 1"),
+        (True, "epoch", "must be 'auto', an integer >= 1"),
+        ("soon", "epoch", "must be 'auto', an integer >= 1"),
+        (4, 2, "boundaries already come every few batches"),
+    ],
+)
+def test_bad_first_boundaries_are_refused(first_boundary, adjust_every, match):
+    with pytest.raises(ValueError, match=match):
+        check_replan_options(0.05, 0.8, adjust_every, None, first_boundary)
+    check_replan_options(0.05, 0.8, adjust_every, None, "auto")  # "auto" and None: always
+    check_replan_options(0.05, 0.8, adjust_every, None, None)

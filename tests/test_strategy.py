@@ -65,6 +65,9 @@ def test_bad_options_fail_at_construction_with_a_clear_message(kwargs, message):
         ({"mode": "local", "gamma": -0.5}, "gamma"),
         ({"mode": "local", "gamma": 1.0}, "gamma"),
         ({"mode": "local", "perturb_threshold": 0.0}, "threshold"),
+        ({"mode": "async", "first_boundary": 4}, "mode='async' does not.*first_boundary"),
+        ({"first_boundary": 4, "adjust_every": 2}, "boundaries already come every few"),
+        ({"first_boundary": "soon"}, "`first_boundary` must be 'auto'"),
     ],
 )
 def test_bad_mode_options_fail_at_construction(kwargs, message):
