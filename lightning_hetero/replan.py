@@ -173,6 +173,23 @@ _FIELD_KINDS = tuple(int if f.type in (int, "int") else float for f in fields(Ra
 _FIELD_NAMES = tuple(f.name for f in fields(RankReport))
 
 
+def early_boundary_batch(first_boundary: Literal["auto"] | int, steps: int) -> int | None:
+    """The batch of an epoch of ``steps`` batches after which ``first_boundary`` puts the
+    first epoch's early boundary (``None``: none, the epoch is too short).
+
+    Example:
+        >>> early_boundary_batch("auto", 64), early_boundary_batch("auto", 15)
+        (8, None)
+        >>> early_boundary_batch(3, 5), early_boundary_batch(5, 5)
+        (3, None)
+    """
+    if first_boundary == "auto":
+        first_boundary = EARLY_BOUNDARY_BATCHES
+        if steps < _EARLY_EPOCH_FACTOR * first_boundary:
+            return None
+    return first_boundary if first_boundary < steps else None
+
+
 class Replanner:
     """Boundaries: gather reports, decide (every rank, or rank 0 and broadcast), apply, record.
 
@@ -316,12 +333,7 @@ class Replanner:
             return None
         if not mode.replans_within_epoch or mode.sampler is None:
             return None
-        steps = len(mode.sampler)
-        if first == "auto":
-            first = EARLY_BOUNDARY_BATCHES
-            if steps < _EARLY_EPOCH_FACTOR * first:
-                return None
-        return first if first < steps else None
+        return early_boundary_batch(first, len(mode.sampler))
 
     def batch_finished(self, epoch: int, global_step: int) -> None:
         """A training batch ended: a boundary every ``interval`` batches (``adjust_every``, or

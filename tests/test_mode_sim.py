@@ -106,6 +106,13 @@ def test_sync_times_wait_for_the_slowest_rank_and_bsp_balances_after_the_first_e
     assert bsp == [27.0, 46.5]  # then [3, 1]: (3 + 4) + (3 + 4) + (1.5 + 4)
 
 
+def test_bsp_balances_from_the_first_epochs_early_boundary_where_the_epoch_has_one() -> None:
+    # 20 steps of 4 samples: the uniform [2, 2] for 8 steps (6 + 4), then [3, 1] (3 + 4)
+    bsp = _sync_times([1.0, 3.0], 2.0, 2.0, 80, 4, 2, balanced=True)
+    assert bsp == [8 * 10.0 + 12 * 7.0, 8 * 10.0 + 32 * 7.0]
+    assert _sync_times([1.0, 3.0], 2.0, 2.0, 80, 4, 1, balanced=False) == [200.0]
+
+
 def test_a_tiny_grid_cell_runs_every_mode_in_virtual_time() -> None:
     tiny = {"epochs": 1, "global_batch": 16, "train_size": 64, "val_size": 64}
     runs = run_cell("transformer", [1.0, 3.0], 0, **tiny)

@@ -372,18 +372,23 @@ def _sync_times(
     """Virtual time at the end of each epoch of synchronous data parallelism: a step waits
     for its slowest rank, rank ``k`` taking ``costs[k] * b_k + step_cost`` for its ``b_k``
     samples, then for its all-reduce, ``sync_cost``. ``balanced=False`` (DDP): even batches;
-    ``True`` (BSP): the first epoch on the uniform plan, the others on the speed-proportional
-    plan its controller converges to.
+    ``True`` (BSP): the uniform plan until the first epoch's early boundary
+    (``first_boundary="auto"``, the default; the whole first epoch where it has none), then the
+    speed-proportional plan its controller converges to.
     """
     from lightning_hetero.planning.split import proportional_split
+    from lightning_hetero.replan import early_boundary_batch
 
     workers = len(costs)
     uniform = [global_batch / workers] * workers
     proportional = proportional_split([1 / c for c in costs], global_batch, [1] * workers)
+    steps = math.ceil(size / global_batch)
+    measured_from = early_boundary_batch("auto", steps) or steps  # the first epoch's step
     now, times = 0.0, []
     for epoch in range(epochs):
-        plan = proportional if balanced and epoch else uniform
-        for start in range(0, size, global_batch):
+        for step, start in enumerate(range(0, size, global_batch)):
+            late = epoch or step >= measured_from
+            plan = proportional if balanced and late else uniform
             part = min(global_batch, size - start) / global_batch  # the last step may be short
             now += max(c * b * part for c, b in zip(costs, plan)) + step_cost + sync_cost
         times.append(now)
@@ -629,10 +634,10 @@ def run_cell(
     and each communication ``sync_cost``: DDP's and BSP's all-reduce after every step (which
     waits for the slowest rank), every push of ``async`` and ``dual``, every merge of
     ``local`` (whose local steps communicate nothing). ``ddp``: even batches; ``bsp``: exact
-    DDP (its accuracy), the first epoch on the uniform plan and the others in proportion to
-    speed; ``async``, ``local`` and ``dual`` as ``_train_server`` and ``_train_local`` say,
-    with their defaults. ``ddp_curve``: DDP's accuracy, if already known (it depends on
-    neither the ranks nor their speeds)."""
+    DDP (its accuracy), the uniform plan until the first epoch's early boundary (8 steps in)
+    and in proportion to speed from there; ``async``, ``local`` and ``dual`` as
+    ``_train_server`` and ``_train_local`` say, with their defaults. ``ddp_curve``: DDP's
+    accuracy, if already known (it depends on neither the ranks nor their speeds)."""
     _check_costs(costs)
     for name, value in (("step_cost", step_cost), ("sync_cost", sync_cost)):
         if not (math.isfinite(value) and value >= 0):

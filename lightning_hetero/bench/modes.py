@@ -191,6 +191,8 @@ TASKS: dict[str, dict[str, Any]] = {
 CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
     "ddp": {"strategy": "ddp"},
     "bsp": {"strategy": "hetero"},
+    # the first epoch on the first plan to its end, as before `first_boundary`
+    "bsp-epoch": {"strategy": "hetero", "extra": {"first_boundary": None}},
     "async": {"strategy": "hetero", "extra": {"mode": "async"}},
     "async-plain": {"strategy": "hetero", "extra": {"mode": "async", "lookahead": False}},
     "async-last": {"strategy": "hetero", "extra": {"mode": "async", "epoch_average": False}},

@@ -48,6 +48,10 @@ class ChangePlan(Callback):
         if trainer.current_epoch == 0 and batch_idx == 2:
             trainer.strategy.apply_plan(CHANGED, from_step=CHANGE_AT)
 
+    def on_train_end(self, trainer, pl_module):
+        # the strategy's order (after `fit` the Trainer holds Lightning's loader again)
+        self.order = trainer.train_dataloader.batch_sampler.sampler
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
@@ -68,7 +72,7 @@ if __name__ == "__main__":
         logger=False,
         enable_model_summary=False,
         callbacks=[
-            ChangePlan(),
+            change := ChangePlan(),
             ModelCheckpoint(args.checkpoints, every_n_train_steps=4, save_top_k=-1),
         ],
     )
@@ -77,7 +81,7 @@ if __name__ == "__main__":
     seen = strategy.gather_objects(model.seen)
     if trainer.global_rank == 0:
         state = {k: v.tolist() for k, v in model.layer.state_dict().items()}
-        order = trainer.train_dataloader.batch_sampler.sampler
+        order = change.order
         result = {"seen": seen, "weights": state, "seed": order.seed, "group": order.group}
         with open(args.out, "w") as f:
             json.dump(result, f)

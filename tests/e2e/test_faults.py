@@ -101,7 +101,9 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_matches_a_clean_res
     saved = torch.load(epoch_checkpoint(tmp, 0), weights_only=False)["callbacks"]["HeteroCallback"]
     assert killed["restored"]["batch_sizes"] == saved["batch_sizes"] != [16, 16, 16]
     assert killed["restored"]["controller"] == saved["controller"]
-    assert killed["history"][:1] == saved["history"]
+    # the epoch's boundaries: 8 batches in (`first_boundary`) and at its end
+    assert [entry["epoch"] for entry in saved["history"]] == [0, 0]
+    assert killed["history"][:2] == saved["history"]
 
     out = tmp_path / "clean"
     config = {"out": str(out), "epochs": 2, "resume": str(epoch_checkpoint(tmp, 0)), **COMMON}

@@ -19,7 +19,8 @@ def _plan(tmp_path, cluster, tolerance, epochs=5):
     config = configs(cluster, epochs, COST, *STALLS)
     summary = run_training(tmp_path, strategy="hetero", **config)
     history = summary["history"]
-    assert len(history) == epochs  # one boundary per epoch
+    # one boundary per epoch, and the first epoch's 8 batches in (`first_boundary`)
+    assert [entry["epoch"] for entry in history] == [0, *range(epochs)]
     return plan_figures(history, target(cluster), tolerance)
 
 

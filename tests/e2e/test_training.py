@@ -99,7 +99,12 @@ def test_boring_model_trains_unchanged_with_hetero_strategy(tmp_path):
     summary = run_training(
         tmp_path, strategy="hetero", workers=2, model="boring", epochs=2, validate=False
     )
-    assert len(summary["history"]) == 2
+    # 32 steps an epoch: the first epoch's boundary 8 batches in, then one per epoch
+    assert [(entry["epoch"], entry["step"]) for entry in summary["history"]] == [
+        (0, 8),
+        (0, 32),
+        (1, 64),
+    ]
     assert sum(summary["batch_sizes"]) == 2  # BoringDataModule loads batches of 1 per rank
 
 
@@ -120,6 +125,22 @@ def test_per_step_adjustment_with_prefetching_workers_converges_mid_epoch(tmp_pa
     changed_mid_epoch = [e for e in history if e["changed"] and e["step"] % steps_per_epoch]
     assert changed_mid_epoch, history
     _converged(summary)
+
+
+def test_the_first_epoch_re_plans_eight_batches_in_with_the_defaults(tmp_path):
+    # `first_boundary="auto"`: 2 ranks, the second 3x slower, B = 64 (about 23 steps an
+    # epoch): the plan moves toward the fast rank 8 batches into the first epoch, and the
+    # epoch's end is the second boundary
+    summary = run_training(
+        tmp_path, strategy="hetero", workers=2, sample_cost=[0.004, 0.012], epochs=1,
+        validate=False,
+    )  # fmt: skip
+    history = summary["history"]
+    assert [entry["epoch"] for entry in history] == [0, 0]
+    assert history[0]["step"] == 8 and history[1]["step"] > 16
+    first = history[0]
+    assert first["batch_sizes"] == [32, 32] and first["changed"], history
+    assert first["next_batch_sizes"][0] > 36, history  # toward the speeds' split, [48, 16]
 
 
 def test_launch_reports_each_finished_epoch_as_the_run_goes(tmp_path):
