@@ -1,6 +1,7 @@
 """HeteroCallback: the Lightning adapter of the re-planner (hooks, logging, checkpoints)."""
 
 import re
+import time
 from typing import Any
 
 import lightning.pytorch as pl
@@ -203,10 +204,14 @@ class HeteroCallback(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self._replanner_of(trainer).batch_finished(trainer.current_epoch, trainer.global_step)
+        replanner = self._replanner_of(trainer)
+        replanner.batch_finished(trainer.current_epoch, trainer.global_step)
         if self._pending is not None and logs_step_metrics(trainer):
+            started = time.thread_time()
             metrics, self._pending = self._pending, None
             self._send(trainer, metrics, logging_step(trainer))
+            # the boundary's logging, deferred to this row: part of its cost
+            replanner.charge(time.thread_time() - started)
 
     @override
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

@@ -49,7 +49,7 @@ _READ_EVERY_S = 1.0
 SMOOTHING_DEFAULT = 0.8
 #: The ``replan_budget`` option's default: boundaries every ``adjust_every`` batches take at
 #: most this share of the training time.
-REPLAN_BUDGET_DEFAULT = 0.005
+REPLAN_BUDGET_DEFAULT = 0.0025
 #: ``first_boundary="auto"``: the first epoch's early boundary comes after this many
 #: batches, in an epoch of at least ``_EARLY_EPOCH_FACTOR`` times as many.
 EARLY_BOUNDARY_BATCHES = 8
@@ -568,6 +568,13 @@ class Replanner:
         self._spread(got["boundary_s"], got["step_s"])
         entry["interval"] = self.interval
 
+    def charge(self, cpu_s: float) -> None:
+        """Add ``cpu_s`` seconds of this rank's training-thread CPU time to its latest
+        boundary's cost: work the boundary causes later (the callback logs its entry on the
+        next row Lightning logs), which ``replan_budget`` bounds as well."""
+        if self._boundary_costs:
+            self._boundary_costs[-1] += cpu_s
+
     def _spread(self, boundary_s: Sequence[float], step_s: Sequence[float]) -> None:
         """Set ``interval`` from the gathered costs: the fewest multiples of ``adjust_every``
         batches whose steps make the costliest rank's boundary (the mean of its last few)
@@ -588,7 +595,7 @@ class Replanner:
                 f" {'step' if every == 1 else f'{every} steps'} of {step * 1e3:.3g} ms"
                 " between boundaries; re-planning every"
                 f" {spread * every} batches instead keeps it within `replan_budget`"
-                f" ({budget:.1%} of the training time). `replan_budget=None` re-plans every"
+                f" ({budget:.2%} of the training time). `replan_budget=None` re-plans every"
                 f" {'batch' if every == 1 else f'{every} batches'} whatever it costs. (Said"
                 " once per fit.)"
             )

@@ -102,7 +102,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             decides on the timings the one before gathered: training never waits for the
             gather, and a plan arrives N batches later).
         replan_budget: with ``adjust_every`` a number, the largest share of the training
-            time that boundaries may take (default 0.005): where steps are so short that a
+            time that boundaries may take (default 0.0025): where steps are so short that a
             boundary every N batches would cost more, boundaries come every multiple of N
             batches that keeps them within it (said once). ``None``: every N batches,
             whatever it costs.

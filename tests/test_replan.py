@@ -806,3 +806,20 @@ def test_bad_first_boundaries_are_refused(first_boundary, adjust_every, match):
         check_replan_options(0.05, 0.8, adjust_every, None, first_boundary)
     check_replan_options(0.05, 0.8, adjust_every, None, "auto")  # "auto" and None: always
     check_replan_options(0.05, 0.8, adjust_every, None, None)
+
+
+def test_a_boundarys_deferred_logging_is_charged_to_its_cost():
+    # the callback logs a boundary's entry on Lightning's next logged row, outside the
+    # boundary: that CPU time joins the boundary's cost, which `replan_budget` bounds
+    host = _Host([8, 8], world_size=2, comm=_CountingComm())
+    _timed(host, 8, 3, 0.01)
+    replanner = host.replanner(_Keep(), smoothing=0.0, adjust_every=2, replan_budget=0.01)
+    replanner.start()
+    replanner.charge(1.0)  # no boundary yet: nothing to charge
+    replanner.epoch_started()
+    for step in (1, 2):
+        replanner.batch_finished(epoch=0, global_step=step)
+    assert len(replanner.history) == 1
+    cost = replanner.report().boundary_s
+    replanner.charge(0.5)
+    assert replanner.report().boundary_s == pytest.approx(cost + 0.5)

@@ -544,15 +544,17 @@ def _run_interleaved(args: argparse.Namespace, options: dict[str, Any]) -> None:
     cells = [
         spread([r[key] for r in runs], fmt, scale)
         for key, fmt, scale in (
-            ("ratio", ".3f", 1), ("cpu_ratio", ".3f", 1), ("control_ratio", ".3f", 1),
-            ("control_cpu_ratio", ".3f", 1), ("boundary_share", ".4f", 1),
+            ("ratio", ".3f", 1), ("cpu_ratio", ".3f", 1), ("thread_ratio", ".3f", 1),
+            ("control_ratio", ".3f", 1), ("control_cpu_ratio", ".3f", 1),
+            ("control_thread_ratio", ".3f", 1), ("boundary_share", ".4f", 1),
             ("step_s", ".3f", 1e3), ("interval", ".0f", 1), ("boundaries", ".0f", 1),
         )
     ]  # fmt: skip
     print(
-        "| boundaries on / off: wall time | CPU time | A/A control: wall time | CPU time |"
+        "| boundaries on / off: wall time | CPU time | its training thread's |"
+        " A/A control: wall time | CPU time | training thread |"
         " boundaries / on-block time | step (ms) | interval (batches) | boundaries |\n"
-        "|---|---|---|---|---|---|---|---|\n| " + " | ".join(cells) + " |"
+        "|---|---|---|---|---|---|---|---|---|---|\n| " + " | ".join(cells) + " |"
     )
 
 

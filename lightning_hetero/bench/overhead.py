@@ -104,10 +104,12 @@ def run_child(config: dict[str, Any]) -> None:
         def __init__(self) -> None:
             self.marks: list[float] = []
             self.cpu_marks: list[float] = []  # the process's CPU time (all its threads)
+            self.thread_marks: list[float] = []  # the training thread's CPU time
 
         def on_train_batch_start(self, *args: Any) -> None:
             self.marks.append(time.perf_counter())
             self.cpu_marks.append(time.process_time())
+            self.thread_marks.append(time.thread_time())
 
     class Interleave(pl.Callback):
         """Boundaries on for ``block`` batches, off for the next ``block``, and so on (the
@@ -154,6 +156,8 @@ def run_child(config: dict[str, Any]) -> None:
         gaps = [b - a for a, b in zip(clock.marks[_WARMUP:], clock.marks[_WARMUP + 1 :])]
         cpu = clock.cpu_marks[_WARMUP:]
         cpu_gaps = [b - a for a, b in zip(cpu, cpu[1:])]
+        thread = clock.thread_marks[_WARMUP:]
+        thread_gaps = [b - a for a, b in zip(thread, thread[1:])]
         history = getattr(strategy, "history", [])
         boundary_s = [entry["boundary_s"] for entry in history]
         gather_s = [entry.get("gather_s", 0.0) for entry in history]
@@ -161,6 +165,7 @@ def run_child(config: dict[str, Any]) -> None:
         result = {
             "step_s": gaps,
             "cpu_s": cpu_gaps,
+            "thread_s": thread_gaps,
             "boundary_s": boundary_s,
             "gather_s": gather_s,
             "interval": intervals,
@@ -268,12 +273,14 @@ def measure_interleaved(
 ) -> list[dict[str, float]]:
     """One HeteroStrategy run per repeat whose boundaries are on and off in alternate
     blocks of ``block`` batches; per run, the median over block pairs of the on block's mean
-    step (wall and CPU time) over the off block's (``interleaved_ratio``), and the
+    step (wall time, the process's CPU time and the training thread's) over the off block's
+    (``interleaved_ratio``), and the
     boundaries' own share of the on blocks' time (``boundary_share``).
 
     ``control``: each repeat also runs the same blocks with ``adjust_every="epoch"``, so
     that neither block has a boundary (an A/A run): its ratios (``control_ratio``,
-    ``control_cpu_ratio``) show what the machine's noise alone gives."""
+    ``control_cpu_ratio``, ``control_thread_ratio``) show what the machine's noise alone
+    gives."""
     from lightning_hetero.bench.run import launch
 
     config = {
@@ -287,6 +294,7 @@ def measure_interleaved(
             row = {
                 "ratio": interleaved_ratio(run["step_s"], run["off"], block),
                 "cpu_ratio": interleaved_ratio(run["cpu_s"], run["off"], block),
+                "thread_ratio": interleaved_ratio(run["thread_s"], run["off"], block),
                 "boundary_share": boundary_share(run["step_s"], run["off"], run["boundary_s"]),
                 "step_s": statistics.median(run["step_s"]),
                 "boundaries": float(len(run["boundary_s"])),
@@ -297,6 +305,9 @@ def measure_interleaved(
                 null = launch(same, Path(tmp), 900, "lightning_hetero.bench.overhead")
                 row["control_ratio"] = interleaved_ratio(null["step_s"], null["off"], block)
                 row["control_cpu_ratio"] = interleaved_ratio(null["cpu_s"], null["off"], block)
+                row["control_thread_ratio"] = interleaved_ratio(
+                    null["thread_s"], null["off"], block
+                )
             runs.append(row)
             if progress is not None:
                 progress.update()
