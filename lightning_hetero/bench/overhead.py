@@ -263,6 +263,14 @@ def boundary_share(
     return sum(boundary_s) / on
 
 
+def _on_off_ratios(run: dict[str, Any], block: int, prefix: str = "") -> dict[str, float]:
+    """``interleaved_ratio`` of a run's wall, process CPU and training-thread CPU times."""
+    series = (("ratio", "step_s"), ("cpu_ratio", "cpu_s"), ("thread_ratio", "thread_s"))
+    return {
+        prefix + name: interleaved_ratio(run[times], run["off"], block) for name, times in series
+    }
+
+
 def measure_interleaved(
     repeats: int = 3,
     steps: int = 4000,
@@ -274,8 +282,8 @@ def measure_interleaved(
     """One HeteroStrategy run per repeat whose boundaries are on and off in alternate
     blocks of ``block`` batches; per run, the median over block pairs of the on block's mean
     step (wall time, the process's CPU time and the training thread's) over the off block's
-    (``interleaved_ratio``), and the
-    boundaries' own share of the on blocks' time (``boundary_share``).
+    (``interleaved_ratio``), and the boundaries' own share of the on blocks' time
+    (``boundary_share``).
 
     ``control``: each repeat also runs the same blocks with ``adjust_every="epoch"``, so
     that neither block has a boundary (an A/A run): its ratios (``control_ratio``,
@@ -292,9 +300,7 @@ def measure_interleaved(
         for _ in range(repeats):
             run = launch(config, Path(tmp), 900, "lightning_hetero.bench.overhead")
             row = {
-                "ratio": interleaved_ratio(run["step_s"], run["off"], block),
-                "cpu_ratio": interleaved_ratio(run["cpu_s"], run["off"], block),
-                "thread_ratio": interleaved_ratio(run["thread_s"], run["off"], block),
+                **_on_off_ratios(run, block),
                 "boundary_share": boundary_share(run["step_s"], run["off"], run["boundary_s"]),
                 "step_s": statistics.median(run["step_s"]),
                 "boundaries": float(len(run["boundary_s"])),
@@ -303,11 +309,7 @@ def measure_interleaved(
             if control:
                 same = {**config, "options": {**config["options"], "adjust_every": "epoch"}}
                 null = launch(same, Path(tmp), 900, "lightning_hetero.bench.overhead")
-                row["control_ratio"] = interleaved_ratio(null["step_s"], null["off"], block)
-                row["control_cpu_ratio"] = interleaved_ratio(null["cpu_s"], null["off"], block)
-                row["control_thread_ratio"] = interleaved_ratio(
-                    null["thread_s"], null["off"], block
-                )
+                row.update(_on_off_ratios(null, block, prefix="control_"))
             runs.append(row)
             if progress is not None:
                 progress.update()
