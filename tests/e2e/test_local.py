@@ -73,11 +73,14 @@ def test_default_merge_reaches_the_least_squares_optimum_with_plain_sgd(tmp_path
 
 
 def test_default_merge_trains_a_classifier(tmp_path):
-    # gamma=0.9 at this learning rate: a final loss of 6-7.5, above chance's 2.3
+    # gamma=0.9 at this learning rate: a final loss of 6-7.5, above chance's 2.3. With the
+    # default, six runs ended at training accuracy 0.968-0.978 and loss 0.075-0.086 (which
+    # rank claims which mega-batch slots follows timing, so runs differ): the bounds leave
+    # that spread room and still fail far below the broken merge
     report = run_merge(tmp_path, "digits", task="digits", epochs=6, lr=0.5)
     assert report["gamma"] == 0.0
     assert report["loss"] < 0.15
-    assert report["accuracy"] > 0.97
+    assert report["accuracy"] > 0.95
 
 
 def test_paper_momentum_converges_with_what_it_needs(tmp_path):
