@@ -326,12 +326,13 @@ class Replanner:
     def _early_boundary(self) -> int | None:
         """The batch after which this epoch has its early boundary (``first_boundary``): the
         first epoch of a fit with nothing measured yet (no boundary so far, none restored),
-        under ``adjust_every="epoch"``, in a mode that re-plans within an epoch. Every rank
-        decides the same: the epoch's length and the history are the same everywhere."""
+        under ``adjust_every="epoch"``, in a mode that takes one (``Mode.early_boundary``).
+        Every rank decides the same: the epoch's length and the history are the same
+        everywhere."""
         first, mode = self.first_boundary, self.training_mode
         if first is None or self.adjust_every != "epoch" or self.history:
             return None
-        if not mode.replans_within_epoch or mode.sampler is None:
+        if not mode.early_boundary() or mode.sampler is None:
             return None
         return early_boundary_batch(first, len(mode.sampler))
 

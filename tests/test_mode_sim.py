@@ -4,6 +4,7 @@ import pytest
 
 from lightning_hetero.bench.mode_sim import (
     GRID_MODES,
+    _async_plans,
     _grid_rows,
     _sync_times,
     run_cell,
@@ -111,6 +112,13 @@ def test_bsp_balances_from_the_first_epochs_early_boundary_where_the_epoch_has_o
     bsp = _sync_times([1.0, 3.0], 2.0, 2.0, 80, 4, 2, balanced=True)
     assert bsp == [8 * 10.0 + 12 * 7.0, 8 * 10.0 + 32 * 7.0]
     assert _sync_times([1.0, 3.0], 2.0, 2.0, 80, 4, 1, balanced=False) == [200.0]
+
+
+def test_async_plans_split_the_first_epoch_at_its_early_boundary() -> None:
+    plans = _async_plans([1.0, 3.0], 80, 4)  # 20 steps of 4: the boundary after 8
+    assert plans(0) == [([2, 2], [16, 16], None), ([3, 1], [36, 12], None)]
+    assert plans(1) == [([3, 1], [60, 20], None)]
+    assert _async_plans([1.0, 3.0], 40, 4)(0) == [([2, 2], [20, 20], None)]  # 10 steps: none
 
 
 def test_a_tiny_grid_cell_runs_every_mode_in_virtual_time() -> None:

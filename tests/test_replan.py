@@ -734,19 +734,21 @@ def test_the_exit_handler_frees_reference_cycles_before_the_interpreter_finalize
 
 # ---------------------------------------------------------------- first_boundary
 class _EpochMode(_Mode):
-    """A mode that re-plans within an epoch, whose sampler has ``steps`` batches."""
+    """A mode that takes the first epoch's early boundary (``Mode.early_boundary``: even
+    steps and a plan that may change), whose sampler has ``steps`` batches."""
 
-    replans_within_epoch = True
-
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, early: bool = True) -> None:
         super().__init__()
         self.sampler = list(range(steps))
+        self._early = early
+
+    def early_boundary(self) -> bool:
+        return self._early
 
 
 def _early(first_boundary, steps: int, within: bool = True) -> Replanner:
     host = _Host([8, 8], world_size=2, comm=_CountingComm([]))
-    host.training_mode = _EpochMode(steps)
-    host.training_mode.replans_within_epoch = within
+    host.training_mode = _EpochMode(steps, within)
     replanner = host.replanner(
         _Keep(), smoothing=0.0, adjust_every="epoch", first_boundary=first_boundary
     )
@@ -776,10 +778,10 @@ def test_auto_adds_one_boundary_eight_batches_into_the_first_epoch_only():
         (3, 5, True, [3, 5]),  # a number: after that many batches
         (5, 5, True, [5]),  # no sooner than the end: only the end
         (None, 40, True, [40]),  # off
-        ("auto", 40, False, [40]),  # a mode whose plans change at epoch ends only
+        ("auto", 40, False, [40]),  # a mode that takes none (uneven steps, a fixed plan)
     ],
 )
-def test_the_early_boundary_needs_room_in_the_epoch_and_a_mode_that_replans_within_it(
+def test_the_early_boundary_needs_room_in_the_epoch_and_a_mode_that_takes_it(
     first_boundary, steps, within, expected
 ):
     replanner = _early(first_boundary, steps, within)

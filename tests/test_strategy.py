@@ -65,7 +65,11 @@ def test_bad_options_fail_at_construction_with_a_clear_message(kwargs, message):
         ({"mode": "local", "gamma": -0.5}, "gamma"),
         ({"mode": "local", "gamma": 1.0}, "gamma"),
         ({"mode": "local", "perturb_threshold": 0.0}, "threshold"),
-        ({"mode": "async", "first_boundary": 4}, "mode='async' does not.*first_boundary"),
+        ({"mode": "local", "first_boundary": 4}, "mode='local' does not.*first_boundary"),
+        (
+            {"mode": "async", "controller": "dual", "first_boundary": 4},
+            "controller='dual' does not.*plan is fixed.*first_boundary",
+        ),
         ({"first_boundary": 4, "adjust_every": 2}, "boundaries already come every few"),
         ({"first_boundary": "soon"}, "`first_boundary` must be 'auto'"),
     ],
@@ -73,6 +77,24 @@ def test_bad_options_fail_at_construction_with_a_clear_message(kwargs, message):
 def test_bad_mode_options_fail_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         HeteroStrategy(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "early"),
+    [
+        ({}, True),
+        ({"mode": "async"}, True),  # even steps: one wait, the epoch's end would cost it
+        ({"mode": "async", "controller": "dual"}, False),  # a fixed plan
+        ({"mode": "local"}, False),  # ranks claim different numbers of steps
+    ],
+)
+def test_the_modes_with_even_steps_and_a_plan_that_may_change_take_the_early_boundary(
+    kwargs, early
+):
+    strategy = HeteroStrategy(**kwargs)
+    assert strategy.training_mode.early_boundary() is early
+    if early:
+        assert HeteroStrategy(first_boundary=4, **kwargs).first_boundary == 4
 
 
 @pytest.mark.parametrize(

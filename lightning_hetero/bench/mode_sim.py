@@ -395,35 +395,47 @@ def _sync_times(
     return times
 
 
-#: A plan for one epoch of the parameter server: each rank's batch size and samples, and the
-#: global batch its pushes are a share of (``None``: ``global_batch``, the epoch's last
-#: short step a share of a smaller one).
+#: A plan for one part of an epoch of the parameter server: each rank's batch size and
+#: samples, and the global batch its pushes are a share of (``None``: ``global_batch``, the
+#: part's last short step a share of a smaller one). An epoch is one part or several, with
+#: every rank waiting for the others between two (a boundary inside the epoch).
 _EpochPlan = tuple[list[int], list[int], int | None]
 
 
 def _async_plans(
     costs: Sequence[float], size: int, global_batch: int
-) -> Callable[[int], _EpochPlan]:
-    """Async mode's plans: the first epoch uniform, the others in proportion to speed (what
-    the controller converges to), each rank on its share of the epoch's permutation."""
+) -> Callable[[int], list[_EpochPlan]]:
+    """Async mode's plans: the uniform plan until the first epoch's early boundary
+    (``first_boundary="auto"``: 8 steps in, where the epoch has at least 16; the whole first
+    epoch where it has none), then the plan in proportion to speed (what the controller
+    converges to), each rank on its share of the part's samples."""
     from lightning_hetero.planning.split import proportional_split
+    from lightning_hetero.replan import early_boundary_batch
 
     workers = len(costs)
+    uniform = [global_batch // workers] * workers
+    proportional = proportional_split([1 / c for c in costs], global_batch, [1] * workers)
 
-    def plan(epoch: int) -> _EpochPlan:
-        sizes = [global_batch // workers] * workers
-        if epoch:
-            sizes = proportional_split([1 / c for c in costs], global_batch, [1] * workers)
-        shares = [size * b // global_batch for b in sizes]
-        shares[-1] = size - sum(shares[:-1])
+    def part(sizes: list[int], samples: int) -> _EpochPlan:
+        shares = [samples * b // global_batch for b in sizes]
+        shares[-1] = samples - sum(shares[:-1])
         return sizes, shares, None
+
+    def plan(epoch: int) -> list[_EpochPlan]:
+        if epoch:
+            return [part(proportional, size)]
+        early = early_boundary_batch("auto", math.ceil(size / global_batch))
+        if early is None:
+            return [part(uniform, size)]
+        first = early * global_batch
+        return [part(uniform, first), part(proportional, size - first)]
 
     return plan
 
 
 def _dual_plans(
     costs: Sequence[float], fixed_cost: float, size: int, global_batch: int
-) -> Callable[[int], _EpochPlan]:
+) -> Callable[[int], list[_EpochPlan]]:
     """Dual batch's plan from the first epoch (the strategy plans on probe timings before
     it): ``plan_dual_batch_by_speed`` on the cost model's time of each rank (``fixed_cost``
     per step), its defaults
@@ -434,7 +446,7 @@ def _dual_plans(
     large = global_batch // workers
     models = [TimeModel(a=c, b=fixed_cost) for c in costs]
     dual = plan_dual_batch_by_speed(models, size, max(workers // 2, 1), large, 1.05, "share")
-    return lambda epoch: (dual.batch_sizes, dual.samples, workers * large)
+    return lambda epoch: [(dual.batch_sizes, dual.samples, workers * large)]
 
 
 def _train_server(
@@ -442,7 +454,7 @@ def _train_server(
     costs: Sequence[float],
     fixed_cost: float,
     lookahead: bool | str,
-    plans: Callable[[int], _EpochPlan],
+    plans: Callable[[int], list[_EpochPlan]],
     epoch_average: bool | str = "auto",
 ) -> tuple[list[float], list[float]]:
     """Async mode (and dual batch, with its plans) on the real ``ParameterServer`` with its
@@ -451,9 +463,9 @@ def _train_server(
     Ranks push in the order their steps end (a step of ``b`` samples on rank ``k`` takes
     ``costs[k] * b + fixed_cost``, its push included), each on its share of the epoch's
     permutation, every gradient on the parameters its last push returned, so staleness
-    follows from the speeds.
-    An epoch ends when its last rank's last step does; every rank starts the next from the
-    server's parameters."""
+    follows from the speeds. An epoch's part (``plans``) ends when its last rank's last
+    step does (the early boundary waits for every rank); every rank starts the next epoch
+    from the server's parameters."""
     x = task.train.tensors[0]
     workers, size = len(costs), len(x)
     optimizer = task.model.configure_optimizers()  # type: ignore[operator]
@@ -462,46 +474,74 @@ def _train_server(
     seen = [0] * workers
     curve, times, clock = [], [], 0.0
     for epoch in range(task.epochs):
-        sizes, shares, fixed_total = plans(epoch)
         order = torch.randperm(size)
-        starts = [sum(shares[:k]) for k in range(workers)]
         pulled = server.pull(0)  # every rank starts the epoch from the server
         for k, replica in enumerate(replicas):
             _load(replica, pulled.params)
             seen[k] = pulled.version
-        done = [0] * workers
-        events = [
-            (clock + costs[k] * min(sizes[k], shares[k]) + fixed_cost, k)
-            for k in range(workers)
-            if shares[k]
-        ]
-        heapq.heapify(events)
-        end = clock
-        while events:
-            now, k = heapq.heappop(events)
-            end = max(end, now)
-            part = order[starts[k] + done[k] : starts[k] + min(done[k] + sizes[k], shares[k])]
-            replica = replicas[k]
-            replica.zero_grad()
-            task.loss(replica, part).backward()
-            grads = [p.grad for p in replica.parameters()]
-            # an epoch's last, smaller step: the rank's part of a smaller global batch
-            total = fixed_total or max(len(part), round(len(part) * task.global_batch / sizes[k]))
-            lr = task.lr_at(epoch, done[k] / shares[k])
-            result = server.push(k, 0, grads, len(part), total, [lr], seen[k])
-            _load(replica, result.params)
-            seen[k] = result.version
-            done[k] += len(part)
-            if done[k] < shares[k]:
-                step = costs[k] * min(sizes[k], shares[k] - done[k]) + fixed_cost
-                heapq.heappush(events, (now + step, k))
-        clock = end
+        begun = 0  # the samples the epoch's earlier parts trained
+        for sizes, shares, fixed_total in plans(epoch):
+            clock = _server_part(
+                task, costs, fixed_cost, server, replicas, seen, epoch, order, begun,
+                (sizes, shares, fixed_total), clock,
+            )  # fmt: skip
+            begun += sum(shares)
         server.settle()  # the epoch's average (``epoch_average``), as the mode at the epoch end
         evaluated = replicas[0]  # rank 0's BatchNorm statistics, the server's parameters
         _load(evaluated, server.pull(0).params)
         curve.append(task.accuracy(evaluated))
         times.append(clock)
     return curve, times
+
+
+def _server_part(
+    task: _Task,
+    costs: Sequence[float],
+    fixed_cost: float,
+    server: ParameterServer,
+    replicas: list[nn.Module],
+    seen: list[int],
+    epoch: int,
+    order: torch.Tensor,
+    begun: int,
+    plan: _EpochPlan,
+    clock: float,
+) -> float:
+    """One part of an epoch (``_train_server``): the ranks push on the samples
+    ``order[begun:]`` as ``plan`` shares them out; returns the virtual time its last step
+    ends."""
+    workers, size = len(costs), len(order)
+    sizes, shares, fixed_total = plan
+    starts = [begun + sum(shares[:k]) for k in range(workers)]
+    part_size = sum(shares)
+    done = [0] * workers
+    events = [
+        (clock + costs[k] * min(sizes[k], shares[k]) + fixed_cost, k)
+        for k in range(workers)
+        if shares[k]
+    ]
+    heapq.heapify(events)
+    end = clock
+    while events:
+        now, k = heapq.heappop(events)
+        end = max(end, now)
+        part = order[starts[k] + done[k] : starts[k] + min(done[k] + sizes[k], shares[k])]
+        replica = replicas[k]
+        replica.zero_grad()
+        task.loss(replica, part).backward()
+        grads = [p.grad for p in replica.parameters()]
+        # an epoch's last, smaller step: the rank's part of a smaller global batch
+        total = fixed_total or max(len(part), round(len(part) * task.global_batch / sizes[k]))
+        # the rank's progress through the part, placed within the epoch
+        lr = task.lr_at(epoch, (begun + part_size * done[k] / shares[k]) / size)
+        result = server.push(k, 0, grads, len(part), total, [lr], seen[k])
+        _load(replica, result.params)
+        seen[k] = result.version
+        done[k] += len(part)
+        if done[k] < shares[k]:
+            step = costs[k] * min(sizes[k], shares[k] - done[k]) + fixed_cost
+            heapq.heappush(events, (now + step, k))
+    return end
 
 
 def _train_local(

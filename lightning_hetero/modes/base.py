@@ -233,6 +233,15 @@ class Mode:
         return cls.default_controller
 
     @classmethod
+    def early_boundary(cls) -> bool:
+        """Whether the first epoch may take one boundary inside it (``first_boundary``):
+        every rank runs the same steps (``even_steps``), so the boundary falls at the same
+        batch everywhere, and the plan may change from a step (not ``fixed_plan``). Also
+        where boundaries otherwise come at epoch ends only (``mode="async"``: one wait for
+        the slowest rank, which the epoch's end would have cost anyway)."""
+        return cls.even_steps and not cls.fixed_plan
+
+    @classmethod
     def other_boundaries(cls) -> str:
         """Where this mode re-plans besides epoch ends, for error messages."""
         return ""

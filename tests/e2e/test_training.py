@@ -143,6 +143,22 @@ def test_the_first_epoch_re_plans_eight_batches_in_with_the_defaults(tmp_path):
     assert first["next_batch_sizes"][0] > 36, history  # toward the speeds' split, [48, 16]
 
 
+def test_async_also_re_plans_eight_batches_into_the_first_epoch(tmp_path):
+    # mode="async": every rank runs the same steps, so the early boundary is one wait for
+    # the slow rank (which the epoch's end would have cost), and the rest of the epoch's
+    # pushes come from the measured plan
+    summary = run_training(
+        tmp_path, strategy="hetero", workers=2, sample_cost=[0.004, 0.012], epochs=1,
+        validate=False, extra={"mode": "async"},
+    )  # fmt: skip
+    history = summary["history"]
+    assert [(entry["epoch"], entry["step"]) for entry in history][0] == (0, 8), history
+    first = history[0]
+    assert first["batch_sizes"] == [32, 32] and first["changed"], history
+    assert first["next_batch_sizes"][0] > 36, history  # toward the speeds' split, [48, 16]
+    assert history[-1]["batch_sizes"] == first["next_batch_sizes"]  # the rest of the epoch
+
+
 def test_launch_reports_each_finished_epoch_as_the_run_goes(tmp_path):
     from lightning_hetero.bench.run import launch
 
