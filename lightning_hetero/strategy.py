@@ -111,7 +111,9 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             of that epoch runs a measured plan instead of the initial one (short fine-tunes
             gain from the first epoch). ``"auto"`` (default): after 8 batches, in an epoch of
             at least 16; ``None``: the first plan holds until the first epoch ends. Modes
-            that re-plan within an epoch only (``"bsp"``, and ``HeteroFSDPStrategy``).
+            whose ranks run the same steps on a plan that may change: ``"bsp"``,
+            ``"async"`` and ``HeteroFSDPStrategy`` (not ``"local"``, nor
+            ``controller="dual"``).
         weighted: weight gradients by ``b_k / B``; ``False`` gives DDP's plain mean
             (inexact with unequal batches; for ablations only). BSP mode only.
         shuffle: draw a new permutation of the training set every epoch (seeded by

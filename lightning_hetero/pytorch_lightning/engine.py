@@ -121,11 +121,11 @@ def hetero_parts(
     check_probe_options(shared.memory_safety, shared.probe_batch_sizes)
     check_micro_batch_size(shared.micro_batch_size)
     training_mode = build_mode(mode, shared.controller, shared.deadband, options, modes=modes)
-    if is_count(shared.first_boundary) and not training_mode.replans_within_epoch:
+    if is_count(shared.first_boundary) and not training_mode.early_boundary():
         raise ValueError(
             f"`first_boundary={shared.first_boundary}` re-plans inside the first epoch, which"
-            f" {training_mode.option_text()} does not (its plans change at epoch ends): leave"
-            " `first_boundary` out."
+            f" {training_mode.option_text()} does not (its ranks run different numbers of"
+            " steps, or its plan is fixed): leave `first_boundary` out."
         )
     if shared.micro_batch_size is not None and not training_mode.micro_batches:
         raise ValueError(
