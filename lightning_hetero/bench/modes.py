@@ -235,8 +235,22 @@ CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "local-prop": {"strategy": "hetero", "controller": "static", "extra": {"mode": "local"}},
 }
-#: Emulated speeds: seconds of Throttle delay per sample of each rank (the last one slow).
-SPEEDS = {"equal": 1.0, "slow": 3.0}
+#: Emulated speeds: the slow rank's Throttle delay per sample over the others' (``"slow"``:
+#: the last rank; ``"slow-first"``: rank 0, which hosts the parameter server in the modes
+#: that have one).
+SPEEDS = {"equal": 1.0, "slow": 3.0, "slow-first": 3.0}
+
+
+def rank_costs(speed: str, workers: int, sample_cost: float) -> list[float]:
+    """Each rank's Throttle seconds per sample under the speed setting ``speed``.
+
+    Example:
+        >>> rank_costs("slow-first", 3, 1.0), rank_costs("slow", 2, 1.0)
+        ([3.0, 1.0, 1.0], [1.0, 3.0])
+    """
+    costs = [sample_cost] * workers
+    costs[0 if speed == "slow-first" else -1] *= SPEEDS[speed]
+    return costs
 
 
 def measure_convergence(
@@ -280,7 +294,7 @@ def measure_convergence(
 
     runs: dict[str, list[dict[str, Any]]] = {}
     for speed in speeds:
-        costs = [sample_cost] * (workers - 1) + [sample_cost * SPEEDS[speed]]
+        costs = rank_costs(speed, workers, sample_cost)
         runs[speed] = []
         for seed in seeds:
             per_config: dict[str, Any] = {}
@@ -370,7 +384,7 @@ def convergence_report(
                 if name != baseline and misses is not None:
                     missed = ", ".join(misses(name, speed, fig))
                 elif name != baseline and sim_task and mode in SLOW_TARGETS:
-                    missed = ", ".join(target_misses(sim_task, mode, speed == "slow", fig))
+                    missed = ", ".join(target_misses(sim_task, mode, speed != "equal", fig))
                 lines.append(
                     f"| {speed} | {seed_value} | `{name}` | {accs} | {fit_s} | {ratio}"
                     f" | {fig['acc_delta']:+.1f} | {missed or 'none'} |"
