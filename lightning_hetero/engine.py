@@ -53,7 +53,6 @@ from lightning_hetero.modes import Mode, ModeOptions, build_mode
 from lightning_hetero.plan_state import PlanState, check_plan_options
 from lightning_hetero.planning import BatchLimits, Controller, StepTimeGuard
 from lightning_hetero.planning.dual import DualBatchPlan
-from lightning_hetero.planning.split import is_count
 from lightning_hetero.replan import REPLAN_BUDGET_DEFAULT, Replanner, check_replan_options
 from lightning_hetero.resources import gather_capacities
 from lightning_hetero.streaming import set_rank_variables, unset_rank_variables
@@ -119,12 +118,6 @@ def hetero_parts(
     check_probe_options(shared.memory_safety, shared.probe_batch_sizes)
     check_micro_batch_size(shared.micro_batch_size)
     training_mode = build_mode(mode, shared.controller, shared.deadband, options, modes=modes)
-    if is_count(shared.first_boundary) and not training_mode.early_boundary():
-        raise ValueError(
-            f"`first_boundary={shared.first_boundary}` re-plans inside the first epoch, which"
-            f" {training_mode.option_text()} does not (its ranks run different numbers of"
-            " steps, or its plan is fixed): leave `first_boundary` out."
-        )
     if shared.micro_batch_size is not None and not training_mode.micro_batches:
         raise ValueError(
             "`micro_batch_size` runs under HeteroStrategy(mode='bsp') and HeteroFSDPStrategy"

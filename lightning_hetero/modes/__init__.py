@@ -87,10 +87,11 @@ def build_mode(
             "`controller` must be a name or a Controller instance,"
             f" got {type(controller).__name__}."
         )
-    cls.check_options(options, controller)
     for (mode, kind), variant in variants.items():
         if mode == name and isinstance(controller, kind):
+            variant.check_options(options, controller)  # the variant's own flags and checks
             return variant(controller, options)
+    cls.check_options(options, controller)
     for (mode, kind), variant in VARIANTS.items():  # a variant's controller under another mode
         if isinstance(controller, kind):
             raise ValueError(

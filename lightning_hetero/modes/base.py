@@ -24,7 +24,7 @@ from lightning_hetero.paramserver import ParameterServer
 from lightning_hetero.planning import Controller, check_merge_options
 from lightning_hetero.planning.dual import DualBatchPlan
 from lightning_hetero.planning.merge import check_local_options
-from lightning_hetero.planning.split import plan_checksum
+from lightning_hetero.planning.split import is_count, plan_checksum
 from lightning_hetero.sampler import EpochPermutation, GlobalBatchSampler
 
 __all__ = [
@@ -114,6 +114,7 @@ class ModeOptions(ServerOptions, MergeOptions):
     the fields out of their keyword arguments, ``pick``)."""
 
     adjust_every: Literal["epoch"] | int = "epoch"
+    first_boundary: Literal["auto"] | int | None = "auto"
     weighted: bool = True
     lr_scaling: bool | Literal["auto", "linear", "sqrt", "noise", "none"] = "auto"
     global_batch_size: int | None = None
@@ -213,6 +214,12 @@ class Mode:
             raise ValueError(
                 f"mode={cls.name!r} re-plans at epoch boundaries{cls.other_boundaries()};"
                 f" `adjust_every` must be 'epoch', got {options.adjust_every!r}."
+            )
+        if is_count(options.first_boundary) and not cls.early_boundary():
+            raise ValueError(
+                f"`first_boundary={options.first_boundary}` re-plans inside the first epoch,"
+                f" which {cls.option_text()} does not (its ranks run different numbers of"
+                " steps, or its plan is fixed): leave `first_boundary` out."
             )
         for group in OPTION_GROUPS:
             if group in cls.option_groups:
