@@ -216,10 +216,15 @@ class Mode:
                 f" `adjust_every` must be 'epoch', got {options.adjust_every!r}."
             )
         if is_count(options.first_boundary) and not cls.early_boundary():
+            why = (
+                "its plan is fixed"
+                if cls.fixed_plan
+                else "its ranks run different numbers of steps, so no batch is the same"
+                " moment on every rank"
+            )
             raise ValueError(
                 f"`first_boundary={options.first_boundary}` re-plans inside the first epoch,"
-                f" which {cls.option_text()} does not (its ranks run different numbers of"
-                " steps, or its plan is fixed): leave `first_boundary` out."
+                f" which {cls.option_text()} does not ({why}): leave `first_boundary` out."
             )
         for group in OPTION_GROUPS:
             if group in cls.option_groups:
