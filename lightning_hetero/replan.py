@@ -214,9 +214,9 @@ class Replanner:
             on the gathered reports). ``None``: every ``adjust_every`` batches.
         first_boundary: with ``adjust_every="epoch"``, one boundary this many batches into
             the first epoch of a fit that has measured nothing yet, so that epoch's rest
-            already runs a measured plan (modes that re-plan within an epoch); ``"auto"``:
-            after ``EARLY_BOUNDARY_BATCHES`` batches, in an epoch of at least twice
-            as many; ``None``: none.
+            already runs a measured plan (modes that take it: ``Mode.early_boundary``);
+            ``"auto"``: after ``EARLY_BOUNDARY_BATCHES`` batches, in an epoch of at least
+            twice as many; ``None``: none.
     """
 
     def __init__(

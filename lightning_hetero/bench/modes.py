@@ -26,7 +26,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bsp": {"strategy": "hetero"},
     "bsp-unweighted": {"strategy": "hetero", "weighted": False},
     "async": {"strategy": "hetero", "extra": {"mode": "async"}},
-    "async-epoch": {"strategy": "hetero", "extra": {"mode": "async", "first_boundary": None}},
     "async-unscaled": {"strategy": "hetero", "extra": {"mode": "async", "lr_scaling": False}},
     # the run's default controller ("proportional") moves batch sizes: paper 004's rule
     "local": {
@@ -195,6 +194,7 @@ CONVERGENCE_CONFIGS: dict[str, dict[str, Any]] = {
     # the first epoch on the first plan to its end, as before `first_boundary`
     "bsp-epoch": {"strategy": "hetero", "extra": {"first_boundary": None}},
     "async": {"strategy": "hetero", "extra": {"mode": "async"}},
+    # async's first epoch on the first plan to its end, as before its early boundary
     "async-epoch": {"strategy": "hetero", "extra": {"mode": "async", "first_boundary": None}},
     "async-plain": {"strategy": "hetero", "extra": {"mode": "async", "lookahead": False}},
     "async-last": {"strategy": "hetero", "extra": {"mode": "async", "epoch_average": False}},
