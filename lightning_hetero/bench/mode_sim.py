@@ -480,12 +480,11 @@ def _train_server(
             _load(replica, pulled.params)
             seen[k] = pulled.version
         begun = 0  # the samples the epoch's earlier parts trained
-        for sizes, shares, fixed_total in plans(epoch):
+        for plan in plans(epoch):
             clock = _server_part(
-                task, costs, fixed_cost, server, replicas, seen, epoch, order, begun,
-                (sizes, shares, fixed_total), clock,
-            )  # fmt: skip
-            begun += sum(shares)
+                task, costs, fixed_cost, server, replicas, seen, epoch, order, begun, plan, clock
+            )
+            begun += sum(plan[1])  # the part's samples
         server.settle()  # the epoch's average (``epoch_average``), as the mode at the epoch end
         evaluated = replicas[0]  # rank 0's BatchNorm statistics, the server's parameters
         _load(evaluated, server.pull(0).params)
