@@ -1,12 +1,14 @@
 """Micro-batch sizes, batch cutting and the option's checks (no process group)."""
 
 import re
+from unittest import mock
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import GradientAccumulationScheduler, TQDMProgressBar
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.strategies import Strategy
 
 from lightning_hetero import HeteroFSDPStrategy, HeteroStrategy
 from lightning_hetero.microbatch import (
@@ -322,13 +324,9 @@ def _accumulating_fit(tmp_path, strategy, ckpt_path=None, model=None, **options)
         "num_sanity_val_steps": 0,
         **options,
     }
+    settings.setdefault("accumulate_grad_batches", 4)
     trainer = pl.Trainer(
-        strategy=strategy,
-        accelerator="cpu",
-        devices=1,
-        accumulate_grad_batches=4,
-        default_root_dir=tmp_path,
-        **settings,
+        strategy=strategy, accelerator="cpu", devices=1, default_root_dir=tmp_path, **settings
     )
     trainer.fit(model, ckpt_path=ckpt_path)
     return trainer, model
@@ -379,28 +377,131 @@ def test_one_rank_runs_lightnings_accumulation_as_it_is(tmp_path, monkeypatch, m
         assert seen["hetero"][1] == [(i + 1) // 4 for i in range(24)]
 
 
+def test_strategy_backward_stays_lightnings_and_runs_once_per_micro_batch(tmp_path):
+    """Programs and Lightning's own tests wrap or count ``Strategy.backward`` (a mock with
+    ``wraps=trainer.strategy.backward``): the strategy keeps Lightning's and does its work in
+    the precision plugin's backward, so such a wrapper sees one call per micro-batch, as
+    under Lightning's accumulation, and nothing recurses."""
+    from lightning_hetero.engine import HeteroEngine
+
+    assert "backward" not in vars(HeteroEngine) and HeteroStrategy.backward is Strategy.backward
+    lightnings = Strategy.backward
+    with mock.patch.object(Strategy, "backward", autospec=True, side_effect=lightnings) as seen:
+        options = {"max_steps": 5, "limit_val_batches": 0}
+        plain, expected = _accumulating_fit(tmp_path / "plain", "auto", **options)
+        plain_calls = seen.call_count
+        strategy = HeteroStrategy(controller="static", shuffle=False)
+        trainer, got = _accumulating_fit(tmp_path / "hetero", strategy, **options)
+    assert plain_calls == seen.call_count - plain_calls == 20  # 5 steps x 4 micro-batches
+    for mine, theirs in zip(got.parameters(), expected.parameters()):
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
+    assert "backward" not in vars(trainer.precision_plugin)  # the shadow is gone after fit
+
+
+class _FailsAfterBackward(_Recorded):
+    def on_after_backward(self) -> None:
+        raise RuntimeError("the user's hook failed")
+
+
+def test_a_backward_hook_that_fails_mid_step_leaves_no_micro_batch_state(tmp_path):
+    """An error in Lightning's backward hooks (which run inside the strategy's backward, not
+    the precision plugin's that the strategy shadows) ends the fit with the micro-batched step
+    closed."""
+    strategy = HeteroStrategy(controller="static", shuffle=False)
+    with pytest.raises(RuntimeError, match="the user's hook failed"):
+        _accumulating_fit(tmp_path, strategy, model=_FailsAfterBackward, max_steps=2)
+    assert strategy.micro_batch_samples is None and strategy.micro.local is False
+
+
+@pytest.mark.parametrize("hook", ["on_before_backward", "on_after_backward"])
+def test_a_collective_in_a_backward_hook_before_the_last_micro_batch_is_refused(tmp_path, hook):
+    """The backward hooks run once per micro-batch, like ``training_step``: a collective of
+    the user's there, before the rank's last micro-batch, is refused, naming it."""
+
+    class Model(_Recorded):
+        pass
+
+    setattr(Model, hook, lambda self, *args: torch.distributed.all_reduce(torch.ones(1)))
+    strategy = HeteroStrategy(controller="static", shuffle=False)
+    with pytest.raises(RuntimeError, match="`torch.distributed.all_reduce` was called inside a"):
+        # two micro-batches: the hook of the first (before the last) is the one refused
+        _accumulating_fit(tmp_path, strategy, model=Model, max_steps=1, accumulate_grad_batches=2)
+
+
 class _NormedRecorded(_Recorded):
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Sequential(torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 2))
 
 
-def test_stochastic_weight_averagings_batch_norm_epoch_runs_no_backward_in_any_micro_batch(
+class _NormedCounted(_NormedRecorded):
+    """Records the loop counts each epoch starts with, as a callback would read them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: list[tuple[int, int]] = []
+
+    def on_train_epoch_start(self) -> None:
+        trainer = self.trainer
+        self.counts.append((trainer.accumulate_grad_batches, trainer.num_training_batches))
+
+
+def test_stochastic_weight_averaging_keeps_lightnings_accumulation_and_batch_norm_epoch(
     tmp_path,
 ):
-    """SWA's last epoch only recomputes the batch-norm statistics (Lightning skips the
-    backward): the step's other micro-batches skip theirs too, so no gradient moves the
-    averaged weights, as under Lightning's own accumulation."""
+    """SWA's last epoch only recomputes the batch-norm statistics: it sets the loop's batch
+    count and accumulation itself, from the Trainer's, and puts back at train end what it saw.
+    Beside it accumulation is not taken over, so the loop reads as under Lightning's own
+    accumulation all along, that epoch runs no backward, and the weights are Lightning's."""
     from lightning.pytorch.callbacks import StochasticWeightAveraging
 
-    models = {}
+    models, trainers = {}, {}
     for name, strategy in (("plain", "auto"), ("hetero", HeteroStrategy(shuffle=False))):
         swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1)
         options = {"max_epochs": 2, "limit_val_batches": 0, "callbacks": [swa]}
-        _, models[name] = _accumulating_fit(
-            tmp_path / name, strategy, model=_NormedRecorded, **options
+        trainers[name], models[name] = _accumulating_fit(
+            tmp_path / name, strategy, model=_NormedCounted, **options
         )
-    assert models["hetero"].seen == [4] * 72  # 24 loader batches x 3 epochs, the last SWA's
+    hetero, plain = models["hetero"], models["plain"]
+    assert hetero.seen == plain.seen == [4] * 72  # 24 loader batches x 3 epochs, the last SWA's
+    # SWA's epoch: one batch more than the loader's 24, all accumulated (no optimizer step)
+    assert hetero.counts == plain.counts == [(4, 24), (4, 24), (25, 25)]
+    assert hetero.stepped == plain.stepped
+    assert trainers["hetero"].accumulate_grad_batches == 4  # what SWA put back
+    assert trainers["hetero"].num_training_batches == 24
+    for mine, theirs in zip(hetero.state_dict().values(), plain.state_dict().values()):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+
+
+class _NormedWhole(_NormedRecorded):
+    """``_NormedRecorded``'s data in loader batches of 16 (4 of Lightning's accumulated 4)."""
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(super().train_dataloader().dataset, batch_size=16)
+
+
+def test_stochastic_weight_averagings_batch_norm_epoch_runs_no_backward_in_any_micro_batch(
+    tmp_path,
+):
+    """With ``micro_batch_size``, SWA's batch-norm epoch (Lightning skips the backward) runs
+    every micro-batch's forward and none of their backwards, so no gradient moves the
+    averaged weights: the same weights and statistics as Lightning accumulating the same
+    batches of 4."""
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    models = {}
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1)
+    options = {"max_epochs": 2, "limit_val_batches": 0, "callbacks": [swa]}
+    _, models["plain"] = _accumulating_fit(
+        tmp_path / "plain", "auto", model=_NormedRecorded, **options
+    )
+    strategy = HeteroStrategy(micro_batch_size=4, shuffle=False)
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1)
+    options = {**options, "callbacks": [swa], "accumulate_grad_batches": 1}
+    _, models["hetero"] = _accumulating_fit(
+        tmp_path / "hetero", strategy, model=_NormedWhole, **options
+    )
+    assert models["hetero"].seen == models["plain"].seen == [4] * 72
     for mine, theirs in zip(
         models["hetero"].state_dict().values(), models["plain"].state_dict().values()
     ):

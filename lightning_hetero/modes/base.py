@@ -361,11 +361,9 @@ class Mode:
             self._keyed = (plan, plan_checksum(plan))
         return self._keyed[1]
 
-    def backward(
-        self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor:
+    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], None]) -> None:
         """Run the backward pass of ``loss`` (``run(loss)``; a mode may scale the loss)."""
-        return run(loss)
+        run(loss)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss * K * b_k / B`` for this step's ``share``: once the ranks' gradients are

@@ -37,13 +37,11 @@ class SynchronousMode(Mode):
         assert isinstance(model, DistributedDataParallel)
         self._handles = mark_grads_ready(model.module, self.ctx.timer.grads_ready)
 
-    def backward(
-        self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor:
+    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], None]) -> None:
         # DDP waits for the gradient all-reduce inside backward: a hung peer surfaces here
         # (the note names both, since backward can also fail on its own, e.g. out of memory).
         with self.ctx.comm.guarded("backward with its gradient all-reduce"):
-            return run(self.scale_loss(loss) if self.options.weighted else loss)
+            run(self.scale_loss(loss) if self.options.weighted else loss)
 
     def teardown(self) -> None:
         for handle in self._handles:

@@ -196,13 +196,10 @@ class ShardedMode(Mode):
             self._batches += 1
         super().on_train_batch_start(batch_idx)
 
-    def backward(
-        self, loss: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor:
+    def backward(self, loss: torch.Tensor, run: Callable[[torch.Tensor], None]) -> None:
         with self.ctx.comm.guarded("backward with its gradient reduce-scatter"):
-            output = run(self.scale_loss(self.redirect.mark_output(loss)))
+            run(self.scale_loss(self.redirect.mark_output(loss)))
         self.redirect.regather()
-        return output
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, run: Callable[[], Any]) -> Any:
         output = super().optimizer_step(optimizer, run)

@@ -343,6 +343,63 @@ def set_validation_steps(
     return undo
 
 
+def around_loop_backward(
+    trainer: "pl.Trainer",
+    backward: "Callable[[Callable[[torch.Tensor], None], torch.Tensor, Any], None]",
+) -> "Callable[[], None]":
+    """Run each backward of the automatic optimization's closures (``run(loss)``: the
+    strategy's ``backward``, Lightning's ``on_before_backward`` and ``on_after_backward``
+    hooks inside it) as ``backward(run, loss, optimizer)``; returns the undo.
+
+    The loop builds each step's backward with ``_make_backward_fn(optimizer)`` (``None``
+    where it skips the backward: SWA's batch-norm epoch); whoever runs the closure (the
+    optimizer step, or a user's ``optimizer_step`` that calls it without stepping) runs it.
+    """
+    loop = trainer.fit_loop.epoch_loop.automatic_optimization
+    make = type(loop)._make_backward_fn.__get__(loop)
+
+    def make_backward_fn(optimizer: Any) -> "Callable[[torch.Tensor], None] | None":
+        run = make(optimizer)
+        if run is None:
+            return None
+        return lambda loss: backward(run, loss, optimizer)
+
+    loop._make_backward_fn = make_backward_fn
+
+    def undo() -> None:
+        loop.__dict__.pop("_make_backward_fn", None)
+
+    return undo
+
+
+def around_precision_backward(
+    strategy: "pl.strategies.Strategy",
+    backward: "Callable[[torch.Tensor, Callable[[torch.Tensor], None]], None]",
+) -> "Callable[[], None]":
+    """Run ``strategy``'s precision plugin's ``backward`` of ``tensor`` as ``backward(tensor,
+    run)``, where ``run(loss)`` is the plugin's own backward of ``loss``; returns the undo.
+
+    The plugin's ``backward`` is the backpropagation of one ``Strategy.backward`` call, after
+    the ``on_before_backward`` hooks and the plugin's loss scaling, before the
+    ``on_after_backward`` hooks. Shadowing it (an instance attribute) instead of overriding
+    ``Strategy.backward`` leaves the strategy's ``backward`` Lightning's own, as programs and
+    Lightning's own tests expect of a ``DDPStrategy`` (they wrap or count it).
+    """
+    plugin = strategy.precision_plugin
+    original = plugin.backward
+
+    def wrapped(tensor: Any, module: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        backward(tensor, lambda loss: original(loss, module, optimizer, *args, **kwargs))
+
+    plugin.backward = wrapped
+
+    def undo() -> None:
+        if plugin.__dict__.get("backward") is wrapped:
+            del plugin.__dict__["backward"]
+
+    return undo
+
+
 def count_loader_batches(
     trainer: "pl.Trainer", batches: "Callable[[], int]", per_step: int
 ) -> "Callable[[], None]":

@@ -31,6 +31,8 @@ from lightning_hetero.pytorch_lightning._data import (
     with_batch_sampler,
 )
 from lightning_hetero.pytorch_lightning._lightning import (
+    around_loop_backward,
+    around_precision_backward,
     at_last_batch,
     check_own_sigterm_only,
     in_training_batch,
@@ -359,6 +361,13 @@ class HeteroEngine:
             self._undo.append(lambda: _remove(trainer.callbacks, callback))
         if trainer.state.fn != TrainerFn.FITTING:
             return
+        # the mode's backward (its loss weighting) inside the precision plugin's, and each
+        # step's micro-batches around the automatic optimization's (Lightning's hooks in it):
+        # `Strategy.backward` stays Lightning's own
+        self._undo.append(
+            around_precision_backward(self, lambda *args: self.training_mode.backward(*args))
+        )
+        self._undo.append(around_loop_backward(trainer, self.micro.backward))
         if not self.training_mode.steps_together and self._layer_sync is not None:
             raise ValueError(
                 f"{self.training_mode.option_text()} does not synchronize ranks at every step;"
@@ -550,28 +559,6 @@ class HeteroEngine:
         super().on_train_batch_start(batch, batch_idx)
         self.training_mode.on_train_batch_start(batch_idx)
         self.micro.plan_step(batch_idx)
-
-    @override
-    def backward(
-        self,
-        closure_loss: torch.Tensor,
-        optimizer: torch.optim.Optimizer | None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """The mode's backward; after a micro-batched step's first backward, each of the
-        step's other micro-batches (see ``MicroBatches.run_rest``)."""
-        run = super().backward
-        try:
-            with self.micro.guarded():  # before the rank's last micro-batch: no collective
-                result = self.training_mode.backward(
-                    closure_loss, lambda loss: run(loss, optimizer, *args, **kwargs)
-                )
-            self.micro.run_rest(optimizer)
-        except BaseException as error:
-            self.micro.abort(error)
-            raise
-        return result
 
     @override
     def post_backward(self, closure_loss: torch.Tensor) -> None:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import GradientAccumulationScheduler
+from pytorch_lightning.callbacks import GradientAccumulationScheduler, StochasticWeightAveraging
 from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_utilities.core.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader
@@ -502,8 +502,8 @@ class MicroBatches:
         seen), so the share follows the speeds; Lightning runs with accumulation 1, one loop
         batch per optimizer step, and the user's counts of loader batches are applied as DDP
         applies them (``loop_counts``; see docs/memory.md, "the accumulation story").
-        Elsewhere each accumulated batch is planned on its own, as before, and
-        ``micro_batch_size`` beside accumulation is refused. Beside a
+        Elsewhere, and beside ``StochasticWeightAveraging``, each accumulated batch is planned
+        on its own, as before, and ``micro_batch_size`` beside accumulation is refused. Beside a
         ``GradientAccumulationScheduler`` nothing is taken over: Lightning refuses
         ``accumulate_grad_batches`` with it itself (at the start of training).
         """
@@ -517,7 +517,11 @@ class MicroBatches:
             return  # Lightning refuses accumulation with manual optimization itself
         if any(isinstance(cb, GradientAccumulationScheduler) for cb in trainer.callbacks):
             return  # Lightning refuses it beside `accumulate_grad_batches` (on_train_start)
-        if not strategy.training_mode.takes_over_accumulation:
+        # SWA's batch-norm epoch sets the loop's batch count and accumulation itself (one more
+        # batch, all accumulated) from the Trainer's, and puts back at train end what it saw:
+        # beside it the loop keeps Lightning's shape
+        swa = any(isinstance(cb, StochasticWeightAveraging) for cb in trainer.callbacks)
+        if swa or not strategy.training_mode.takes_over_accumulation:
             if strategy.micro_batch_size is not None and accumulate != 1:
                 raise ValueError(
                     f"{type(strategy).__name__}(micro_batch_size={strategy.micro_batch_size!r})"
@@ -630,7 +634,8 @@ class MicroBatches:
 
     def teardown(self) -> None:
         """Put the Trainer's loop counts, validation rule and progress bar back as the user
-        left them."""
+        left them, and close a step an error left open."""
+        self.abort(None)
         if self._user_counts is not None:
             set_loop_counts(*self._user_counts)
             self._user_counts = None
@@ -752,6 +757,21 @@ class MicroBatches:
             return refused_collectives(names=self.refused)
         return nullcontext()
 
+    def backward(
+        self, run: Callable[[torch.Tensor], None], loss: torch.Tensor, optimizer: Any
+    ) -> None:
+        """One backward of Lightning's automatic optimization (``run(loss)``: the strategy's
+        ``backward`` with Lightning's hooks, see ``around_loop_backward``): no collective
+        before the rank's last micro-batch of a step; after a micro-batched step's first, each
+        of the step's other micro-batches (``run_rest``)."""
+        try:
+            with self.guarded():
+                run(loss)
+            self.run_rest(optimizer)
+        except BaseException as error:
+            self.abort(error)
+            raise
+
     def run_rest(self, optimizer: Any) -> None:
         """The forward and backward of each of the step's micro-batches after its first, once
         the first's backward ran: wherever Lightning's closure runs (in the optimizer step, or
@@ -770,7 +790,7 @@ class MicroBatches:
             loss = step_loss(output)
             self._losses.append((loss.detach(), samples))
             if backward:
-                with running_hook(module, "backward"):
+                with running_hook(module, "backward"), self.guarded():
                     strategy.backward(loss, optimizer)
         if len(self._losses) == len(rest) + 1:  # the first's too: the step's loss
             total = sum(samples for _, samples in self._losses)
@@ -787,8 +807,9 @@ class MicroBatches:
             self._undo_resets()
             self._undo_resets = None
 
-    def abort(self, error: BaseException) -> None:
-        """A micro-batched step failed: undo what its micro-batches left set (once)."""
+    def abort(self, error: BaseException | None) -> None:
+        """A micro-batched step failed (``error``; ``None``: a step found still open at
+        teardown): undo what its micro-batches left set (once)."""
         if self._whole is None:
             return
         self._whole = self.strategy.micro_batch_samples = None
@@ -796,7 +817,8 @@ class MicroBatches:
         self._losses, self._step_loss = [], None
         self._end_resets()
         self.failed()
-        note_collective_in_micro_batch(error)
+        if error is not None:
+            note_collective_in_micro_batch(error)
 
     def after(self, closure: Callable[[], Any], optimizer: Any) -> Callable[[], Any]:
         """``closure`` (the first micro-batch's step, zero-grad and backward, which runs the

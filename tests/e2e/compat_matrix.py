@@ -35,6 +35,7 @@ from lightning.pytorch.callbacks import (
     EarlyStopping,
     GradientAccumulationScheduler,
     ModelCheckpoint,
+    StochasticWeightAveraging,
 )
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
@@ -214,6 +215,7 @@ TRAINER = {
     "log_every_n_steps": {"log_every_n_steps": 2},
     "early_stopping": {"max_epochs": 3},
     "clipping": {"gradient_clip_val": 0.5},
+    "swa": {"max_epochs": 2},
     "bf16": {"precision": "bf16-mixed"},
 }
 
@@ -234,6 +236,8 @@ def run(chosen, feature: str, folder: Path, accumulate: int) -> dict:
         callbacks.append(EarlyStopping(monitor="val_loss", patience=0, min_delta=1.0))
     if feature == "accumulation_scheduler":
         callbacks.append(GradientAccumulationScheduler({0: 2}))
+    if feature == "swa":
+        callbacks.append(StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1))
     if accumulate > 1:
         kwargs["accumulate_grad_batches"] = accumulate
     trainer = pl.Trainer(
