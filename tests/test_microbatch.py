@@ -879,3 +879,26 @@ def test_fsdp_micro_batches_refuse_every_collective_but_fsdps_own():
     assert {"all_reduce", "broadcast", "all_gather", "all_to_all"} <= refused
     assert not refused & {"all_gather_into_tensor", "reduce_scatter_tensor"}
     assert refused < set(COLLECTIVES) == set(MicroBatches.refused)
+
+
+def test_a_shadowed_method_is_put_back_as_the_instance_held_it():
+    """The strategy's shadows (the precision plugin's backward, the loop's) are undone to
+    what the instance held: a user's own instance attribute survives the fit."""
+    from lightning_hetero._lightning import _shadow
+
+    class Plugin:
+        def backward(self):
+            return "class"
+
+    plain, own = Plugin(), Plugin()
+    own.backward = lambda: "user's"
+    for plugin, expected in ((plain, "class"), (own, "user's")):
+        undo = _shadow(plugin, "backward", lambda: "strategy's")
+        assert plugin.backward() == "strategy's"
+        undo()
+        assert plugin.backward() == expected
+    # a value set over the shadow since is left alone
+    undo = _shadow(plain, "backward", lambda: "strategy's")
+    plain.backward = lambda: "later"
+    undo()
+    assert plain.backward() == "later"

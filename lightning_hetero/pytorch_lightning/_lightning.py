@@ -305,6 +305,25 @@ def set_loop_counts(
     return previous
 
 
+def _shadow(owner: object, name: str, value: Any) -> "Callable[[], None]":
+    """Set ``owner.name`` to ``value`` as an instance attribute, shadowing the class's;
+    returns the undo, which puts back what the instance held (its own attribute, or none)
+    and leaves alone a value set over this one since."""
+    own = vars(owner)
+    had, saved = name in own, own.get(name)
+    own[name] = value
+
+    def undo() -> None:
+        if own.get(name) is not value:
+            return
+        if had:
+            own[name] = saved
+        else:
+            del own[name]
+
+    return undo
+
+
 #: A ``val_check_batch`` no loop batch index reaches.
 _NEVER = 2**62
 
@@ -335,12 +354,7 @@ def set_validation_steps(
         finally:
             trainer.val_check_batch = kept
 
-    loop._should_check_val_fx = should_check_val
-
-    def undo() -> None:
-        loop.__dict__.pop("_should_check_val_fx", None)
-
-    return undo
+    return _shadow(loop, "_should_check_val_fx", should_check_val)
 
 
 def around_loop_backward(
@@ -364,12 +378,7 @@ def around_loop_backward(
             return None
         return lambda loss: backward(run, loss, optimizer)
 
-    loop._make_backward_fn = make_backward_fn
-
-    def undo() -> None:
-        loop.__dict__.pop("_make_backward_fn", None)
-
-    return undo
+    return _shadow(loop, "_make_backward_fn", make_backward_fn)
 
 
 def around_precision_backward(
@@ -391,13 +400,7 @@ def around_precision_backward(
     def wrapped(tensor: Any, module: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         backward(tensor, lambda loss: original(loss, module, optimizer, *args, **kwargs))
 
-    plugin.backward = wrapped
-
-    def undo() -> None:
-        if plugin.__dict__.get("backward") is wrapped:
-            del plugin.__dict__["backward"]
-
-    return undo
+    return _shadow(plugin, "backward", wrapped)
 
 
 def count_loader_batches(
@@ -441,12 +444,12 @@ def count_loader_batches(
                 batch_idx = min((batch_idx + 1) * per_step, count) - 1
             end(*other, batch_idx)
 
-    bar.on_train_epoch_start = on_train_epoch_start
-    bar.on_train_batch_end = on_train_batch_end
+    undo_start = _shadow(bar, "on_train_epoch_start", on_train_epoch_start)
+    undo_end = _shadow(bar, "on_train_batch_end", on_train_batch_end)
 
     def undo() -> None:
-        bar.__dict__.pop("on_train_epoch_start", None)
-        bar.__dict__.pop("on_train_batch_end", None)
+        undo_start()
+        undo_end()
 
     return undo
 
@@ -471,12 +474,7 @@ def log_resets_once(trainer: "pl.Trainer") -> "Callable[[], None]":
         seen.add(fx)
         return original(fx)
 
-    connector.should_reset_tensors = should_reset_tensors
-
-    def undo() -> None:
-        connector.__dict__.pop("should_reset_tensors", None)
-
-    return undo
+    return _shadow(connector, "should_reset_tensors", should_reset_tensors)
 
 
 def set_logged_batch(trainer: "pl.Trainer", batch: object) -> None:
