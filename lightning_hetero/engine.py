@@ -38,6 +38,7 @@ from lightning_hetero._lightning import (
     put_back_training_loader,
     request_train_reload,
     sampler_epoch,
+    time_sigterm_broadcast,
 )
 from lightning_hetero._probes import StepProbe, check_probe_options
 from lightning_hetero.callback import HeteroCallback
@@ -400,6 +401,10 @@ class HeteroEngine:
             refuse_step_counting(trainer, self.training_mode.option_text())
         if not self.training_mode.steps_together:
             check_own_sigterm_only(trainer)  # a per-step broadcast would tie the ranks again
+        else:
+            # under Lightning's own accumulation the ranks meet there at every loader batch,
+            # not only in the all-reduce: that wait is no compute
+            self._undo.append(time_sigterm_broadcast(trainer, self._context().timer.waiting))
         if self.micro_batch_size is not None or state.accumulation > 1:
             self.micro.check(trainer)
 
