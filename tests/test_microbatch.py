@@ -434,23 +434,42 @@ class _NormedRecorded(_Recorded):
         self.layer = torch.nn.Sequential(torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 2))
 
 
-def test_stochastic_weight_averagings_batch_norm_epoch_with_accumulation_taken_over(tmp_path):
-    """SWA's last epoch only recomputes the batch-norm statistics (Lightning skips the
-    backward): with accumulation taken over, the step's other micro-batches skip theirs too,
-    so no gradient moves the averaged weights, as under Lightning's own accumulation."""
+class _NormedCounted(_NormedRecorded):
+    """Records the loop counts each epoch starts with, as a callback would read them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: list[tuple[int, int]] = []
+
+    def on_train_epoch_start(self) -> None:
+        trainer = self.trainer
+        self.counts.append((trainer.accumulate_grad_batches, trainer.num_training_batches))
+
+
+def test_stochastic_weight_averaging_keeps_lightnings_accumulation_and_batch_norm_epoch(
+    tmp_path,
+):
+    """SWA's last epoch only recomputes the batch-norm statistics: it sets the loop's batch
+    count and accumulation itself, from the Trainer's, and puts back at train end what it saw.
+    Beside it accumulation is not taken over, so the loop reads as under Lightning's own
+    accumulation all along, that epoch runs no backward, and the weights are Lightning's."""
     from lightning.pytorch.callbacks import StochasticWeightAveraging
 
-    models = {}
+    models, trainers = {}, {}
     for name, strategy in (("plain", "auto"), ("hetero", HeteroStrategy(shuffle=False))):
         swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=1)
         options = {"max_epochs": 2, "limit_val_batches": 0, "callbacks": [swa]}
-        _, models[name] = _accumulating_fit(
-            tmp_path / name, strategy, model=_NormedRecorded, **options
+        trainers[name], models[name] = _accumulating_fit(
+            tmp_path / name, strategy, model=_NormedCounted, **options
         )
-    assert models["hetero"].seen == [4] * 72  # 24 loader batches x 3 epochs, the last SWA's
-    for mine, theirs in zip(
-        models["hetero"].state_dict().values(), models["plain"].state_dict().values()
-    ):
+    hetero, plain = models["hetero"], models["plain"]
+    assert hetero.seen == plain.seen == [4] * 72  # 24 loader batches x 3 epochs, the last SWA's
+    # SWA's epoch: one batch more than the loader's 24, all accumulated (no optimizer step)
+    assert hetero.counts == plain.counts == [(4, 24), (4, 24), (25, 25)]
+    assert hetero.stepped == plain.stepped
+    assert trainers["hetero"].accumulate_grad_batches == 4  # what SWA put back
+    assert trainers["hetero"].num_training_batches == 24
+    for mine, theirs in zip(hetero.state_dict().values(), plain.state_dict().values()):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
 
 

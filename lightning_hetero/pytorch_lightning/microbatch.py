@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import GradientAccumulationScheduler
+from pytorch_lightning.callbacks import GradientAccumulationScheduler, StochasticWeightAveraging
 from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_utilities.core.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader
@@ -502,8 +502,8 @@ class MicroBatches:
         seen), so the share follows the speeds; Lightning runs with accumulation 1, one loop
         batch per optimizer step, and the user's counts of loader batches are applied as DDP
         applies them (``loop_counts``; see docs/memory.md, "the accumulation story").
-        Elsewhere each accumulated batch is planned on its own, as before, and
-        ``micro_batch_size`` beside accumulation is refused. Beside a
+        Elsewhere, and beside ``StochasticWeightAveraging``, each accumulated batch is planned
+        on its own, as before, and ``micro_batch_size`` beside accumulation is refused. Beside a
         ``GradientAccumulationScheduler`` nothing is taken over: Lightning refuses
         ``accumulate_grad_batches`` with it itself (at the start of training).
         """
@@ -517,7 +517,11 @@ class MicroBatches:
             return  # Lightning refuses accumulation with manual optimization itself
         if any(isinstance(cb, GradientAccumulationScheduler) for cb in trainer.callbacks):
             return  # Lightning refuses it beside `accumulate_grad_batches` (on_train_start)
-        if not strategy.training_mode.takes_over_accumulation:
+        # SWA's batch-norm epoch sets the loop's batch count and accumulation itself (one more
+        # batch, all accumulated) from the Trainer's, and puts back at train end what it saw:
+        # beside it the loop keeps Lightning's shape
+        swa = any(isinstance(cb, StochasticWeightAveraging) for cb in trainer.callbacks)
+        if swa or not strategy.training_mode.takes_over_accumulation:
             if strategy.micro_batch_size is not None and accumulate != 1:
                 raise ValueError(
                     f"{type(strategy).__name__}(micro_batch_size={strategy.micro_batch_size!r})"
