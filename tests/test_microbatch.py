@@ -902,3 +902,25 @@ def test_a_shadowed_method_is_put_back_as_the_instance_held_it():
     plain.backward = lambda: "later"
     undo()
     assert plain.backward() == "later"
+
+
+def test_lightnings_per_batch_sigterm_broadcast_is_timed_as_waiting_during_the_fit(tmp_path):
+    """Lightning broadcasts rank 0's SIGTERM flag before every training batch: under its own
+    accumulation a fast rank meets its slower peers there at every loader batch, not only in
+    the all-reduce, so the strategy times it as waiting (else the plan never moves); the
+    loop is put back after the fit."""
+
+    loop_seen = []
+
+    class Model(_Recorded):
+        def on_train_start(self) -> None:
+            loop = self.trainer.fit_loop.epoch_loop
+            loop_seen.append("_broadcast_sigterm_tensor" in vars(loop))
+
+    strategy = HeteroStrategy(controller="static", shuffle=False)
+    trainer, _ = _accumulating_fit(tmp_path, strategy, model=Model, max_steps=1)
+    loop = trainer.fit_loop.epoch_loop
+    if not hasattr(type(loop), "_broadcast_sigterm_tensor"):
+        pytest.skip("this Lightning release has no per-batch SIGTERM broadcast")
+    assert loop_seen == [True]
+    assert "_broadcast_sigterm_tensor" not in vars(loop)
