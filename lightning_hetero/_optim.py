@@ -23,6 +23,7 @@ __all__ = [
     "patched",
     "replica_factor",
     "scaled_lr",
+    "second_moment_decay",
 ]
 
 #: ``lr_scaling`` values: ``"auto"`` picks ``"linear"``, ``"noise"`` or ``"sqrt"`` by the
@@ -154,6 +155,21 @@ def lr_rule(lr_scaling: Any, optimizer: torch.optim.Optimizer, measured: bool = 
     return rule
 
 
+def second_moment_decay(optimizer: torch.optim.Optimizer) -> float:
+    """How much of its running mean of squared gradients ``optimizer`` keeps per step, from
+    its first parameter group: ``betas[1]`` (Adam and its kin), ``alpha`` (RMSprop), ``rho``
+    (Adadelta), else ``1.0`` for Adagrad (a sum over every step) and ``0.999`` (Adam's
+    default) for the rest."""
+    raw = getattr(optimizer, "_optimizer", optimizer)
+    group = raw.param_groups[0]
+    if "betas" in group:
+        return float(group["betas"][1])
+    for key in ("alpha", "rho"):
+        if key in group:
+            return float(group[key])
+    return 1.0 if isinstance(raw, torch.optim.Adagrad) else 0.999
+
+
 def lr_factor(rule: str, share: float) -> float:
     """The learning-rate factor of a step on ``share`` of the reference batch: ``share``
     (linear scaling rule, SGD), ``sqrt(share)`` (square-root rule, adaptive methods), or 1.
@@ -218,9 +234,14 @@ class NoiseScale:
     ``b / B`` matches DDP; where noise dominates they add up like a random walk, and the
     square-root rule does. In between:
 
-        factor(b) = b / B * sqrt((1 + B_noise / b) / (1 + B_noise / B)),
+        factor(b) = b / B * sqrt((1 + B_noise * h) / (1 + B_noise / B)),
 
-    which lies between ``b / B`` and ``sqrt(b / B)`` (clipped there). The plain square-root
+    clipped to lie between ``b / B`` and ``sqrt(b / B)``. ``h`` is the mean of ``1 / b`` over
+    the pushes so far, weighted as the optimizer weighs squared gradients into its running
+    mean (``moment_decay``, Adam's ``beta2``): Adam's denominator is one running mean over
+    every push, so where pushes of different sizes mix (dual batch: many small pushes beside
+    few large ones) it carries the small batches' noise into the large pushes' steps too.
+    Where every push has ``b`` samples, ``h = 1 / b``. The plain square-root
     rule takes ``sqrt(B / b)`` times DDP's step per ``B`` samples where gradients agree, and
     diverged at DDP's stable learning rate (issue 32); this rule does not go past DDP's step
     there.
@@ -231,6 +252,11 @@ class NoiseScale:
     estimators), averaged over windows with weight ``decay``. Until the first window is full
     the factor is linear's.
 
+    Args:
+        decay: the weight of the running estimates over windows of ``B`` samples.
+        moment_decay: the optimizer's decay of its squared-gradient mean per step
+            (``second_moment_decay``); ``1.0``: a plain mean over every push (Adagrad).
+
     Examples:
         >>> rule = NoiseScale()
         >>> same = [torch.ones(3)]  # every push agrees: DDP's step is the linear rule's
@@ -240,10 +266,17 @@ class NoiseScale:
         0.25
     """
 
-    def __init__(self, decay: float = 0.9) -> None:
+    def __init__(self, decay: float = 0.9, moment_decay: float = 0.999) -> None:
         if not 0 <= decay < 1:
             raise ValueError(f"`decay` must be in [0, 1), got {decay}.")
+        if not 0 <= moment_decay <= 1:
+            raise ValueError(f"`moment_decay` must be in [0, 1], got {moment_decay}.")
         self.decay = decay
+        self.moment_decay = moment_decay
+        #: The running sums of ``1 / b`` and of the weights (``moment_decay``): their ratio is
+        #: ``h``, the pushes' mean inverse batch size, bias-corrected as Adam's moments.
+        self._inverse_batch = 0.0
+        self._weight = 0.0
         #: Running estimates of ``|G|^2`` and ``tr(Sigma)`` (per-sample gradient variance);
         #: ``None`` until the first window of ``B`` samples is full.
         self.signal: float | None = None
@@ -278,6 +311,8 @@ class NoiseScale:
                     " learning-rate rule skips such pushes in its measurement (warned once)."
                 )
             return
+        self._inverse_batch = self.moment_decay * self._inverse_batch + 1 / batch_size
+        self._weight = self.moment_decay * self._weight + 1
         for k, grad in present.items():
             window = self._window.get(k)
             if window is None:
@@ -320,9 +355,9 @@ class NoiseScale:
         if self.signal <= 0:
             return high  # noise only: a random walk
         noise_scale = self.noise / self.signal
-        batch = share * self._global_batch_size
+        inverse_batch = self._inverse_batch / self._weight  # h: every push's 1/b, Adam-weighted
         factor = share * math.sqrt(
-            (1 + noise_scale / batch) / (1 + noise_scale / self._global_batch_size)
+            (1 + noise_scale * inverse_batch) / (1 + noise_scale / self._global_batch_size)
         )
         return min(max(factor, low), high)
 

@@ -41,6 +41,7 @@ from lightning_hetero._optim import (
     lr_rule,
     optimizer_params,
     scaled_lr,
+    second_moment_decay,
 )
 from lightning_hetero.collectives import add_note, is_timeout
 
@@ -176,7 +177,9 @@ class ParameterServer:
             clone = copy.deepcopy(optimizer)
             _to_cpu(clone)
             rule = lr_rule(lr_scaling, optimizer, measured=True)
-            noise = NoiseScale() if rule == "noise" else None
+            noise = None
+            if rule == "noise":
+                noise = NoiseScale(moment_decay=second_moment_decay(clone))
             momentum = has_momentum(clone)
             ahead = lookahead is not False and momentum
             recent = [_RankRecent(between=world_size - 1.0) for _ in range(world_size)]

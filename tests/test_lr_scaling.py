@@ -18,6 +18,7 @@ from lightning_hetero import HeteroStrategy
 from lightning_hetero._comm import HostStepTimer
 from lightning_hetero._optim import (
     NoiseScale,
+    second_moment_decay,
     check_lr_scaling,
     is_adaptive,
     lr_factor,
@@ -151,9 +152,70 @@ def test_the_noise_rule_estimates_signal_and_noise_from_uneven_pushes():
     assert rule.signal == pytest.approx(10.0, rel=0.1)
     assert rule.noise == pytest.approx(640.0, rel=0.1)
     noise_scale = 64.0
-    expected = 0.25 * math.sqrt((1 + noise_scale / 8) / (1 + noise_scale / 32))
+    # Adam's denominator mixes both sizes: h = mean(1/8, 1/24) = 1/12, for either push
+    expected = 0.25 * math.sqrt((1 + noise_scale / 12) / (1 + noise_scale / 32))
     assert 0.25 < rule.factor(0.25) < 0.5
     assert rule.factor(0.25) == pytest.approx(expected, rel=0.05)
+    large = 0.75 * math.sqrt((1 + noise_scale / 12) / (1 + noise_scale / 32))
+    assert rule.factor(0.75) == pytest.approx(min(large, math.sqrt(0.75)), rel=0.05)
+
+
+def _noise_rule_after(batches: list[int], moment_decay: float = 0.999) -> NoiseScale:
+    torch.manual_seed(0)
+    rule = NoiseScale(moment_decay=moment_decay)
+    for _ in range(40):
+        for batch in batches:
+            rule.observe(_push_grads(torch.full((4000,), 0.05), 0.4, batch), batch, 64)
+    return rule
+
+
+def test_the_noise_rule_steps_large_pushes_further_beside_many_small_ones():
+    # dual batch: Adam's running mean of squared gradients is one over every push, so the
+    # small pushes' noise shrinks the large pushes' steps too; the factor makes up for it
+    alone = _noise_rule_after([32, 32])
+    mixed = _noise_rule_after([32, 4, 4, 4, 4, 4, 4, 4, 4])  # 32 + 8 x 4 = 64 samples
+    assert alone.factor(0.5) < mixed.factor(0.5) <= math.sqrt(0.5)
+    noise_scale = mixed.noise / mixed.signal
+    h = (1 / 32 + 8 / 4) / 9  # the pushes' mean 1/b
+    expected = 0.5 * math.sqrt((1 + noise_scale * h) / (1 + noise_scale / 64))
+    assert mixed.factor(0.5) == pytest.approx(min(expected, math.sqrt(0.5)), rel=0.02)
+    # equal pushes: h = 1/b, the factor of a push's own batch
+    noise_scale = alone.noise / alone.signal
+    own = 0.5 * math.sqrt((1 + noise_scale / 32) / (1 + noise_scale / 64))
+    assert alone.factor(0.5) == pytest.approx(own, rel=1e-6)
+
+
+def test_the_noise_rule_weighs_pushes_as_the_optimizer_weighs_squared_gradients():
+    last_only = _noise_rule_after([4, 4, 32], moment_decay=0.0)  # h = 1/32, the last push
+    every = _noise_rule_after([4, 4, 32], moment_decay=1.0)  # h = mean over every push
+    noise_scale = last_only.noise / last_only.signal
+    assert last_only.factor(0.5) == pytest.approx(
+        0.5 * math.sqrt((1 + noise_scale / 32) / (1 + noise_scale / 64)), rel=1e-6
+    )
+    assert every.factor(0.5) > last_only.factor(0.5)
+    with pytest.raises(ValueError, match="moment_decay"):
+        NoiseScale(moment_decay=1.5)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "decay"),
+    [
+        (lambda p: torch.optim.Adam(p, betas=(0.9, 0.98)), 0.98),
+        (lambda p: torch.optim.RMSprop(p, alpha=0.9), 0.9),
+        (lambda p: torch.optim.Adadelta(p, rho=0.8), 0.8),
+        (lambda p: torch.optim.Adagrad(p), 1.0),
+        (lambda p: torch.optim.SGD(p, lr=0.1), 0.999),
+    ],
+)
+def test_second_moment_decay_reads_the_optimizer(optimizer, decay):
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert second_moment_decay(optimizer(params)) == decay
+
+
+def test_the_server_measures_noise_with_the_optimizers_own_decay():
+    param = torch.nn.Parameter(torch.zeros(2))
+    server = ParameterServer([torch.optim.Adam([param], betas=(0.9, 0.95))], world_size=2)
+    assert server._slots[0].noise.moment_decay == 0.95
 
 
 def test_the_noise_rule_is_linear_for_agreeing_pushes_and_square_root_for_pure_noise():

@@ -16,7 +16,7 @@ from lightning_hetero.planning import (
     make_controller,
     plan_dual_batch,
 )
-from lightning_hetero.planning.dual import plan_dual_batch_by_speed
+from lightning_hetero.planning.dual import plan_dual_batch_by_speed, push_floor
 from lightning_hetero.planning.memory import least_squares_line
 
 # Paper 003 does not print its fitted a and b, only Table III's B_S. Every b/a in
@@ -273,6 +273,40 @@ def test_by_speed_an_epoch_is_never_slower_than_ddps_by_the_time_models():
         assert max(plan.predicted_epoch_times) <= plan.ddp_epoch_time + slowest_step
         small = plan.small_batch_size
         assert small is None or 1 <= small <= large
+        _assert_small_ranks_push_no_more_often(plan, models, large)
+
+
+def _assert_small_ranks_push_no_more_often(plan, models, large):
+    small_ranks = plan.small_ranks
+    large_ranks = [r for r in range(len(models)) if r not in small_ranks]
+    if not small_ranks or not large_ranks or plan.small_batch_size == large:
+        return
+    slowest_small = max(models[r].predict(plan.small_batch_size) for r in small_ranks)
+    assert slowest_small >= max(models[r].predict(large) for r in large_ranks)
+
+
+def test_by_speed_small_ranks_never_push_more_often_than_large_ones():
+    # per-step costs small next to per-sample ones: the extra time alone picks B_S = 3
+    # (measured: the transformer with Adam then ended 16 points below DDP); the floor is
+    # the batch whose step on the slow rank takes the fast rank's step at B_L
+    fast, slow = TimeModel(a=1.0, b=0.5), TimeModel(a=3.0, b=0.5)
+    assert push_floor([slow, fast], [0], [1], 64) == 22  # 3 * 22 + 0.5 >= 64.5 > 3 * 21 + 0.5
+    plan = plan_dual_batch_by_speed([slow, fast], 8192, 1, 64, 1.05)
+    assert plan.batch_sizes == [22, 64]
+    assert sum(plan.samples) == 8192
+    times = plan.predicted_epoch_times
+    assert max(times) <= plan.ddp_epoch_time
+    assert times[0] == pytest.approx(times[1], rel=0.01)  # both end together
+    # where the extra time already asks for more, the floor changes nothing: B_S = 15 > 6
+    assert push_floor([SLOW, FAST], [0], [1], 32) == 6
+    assert plan_dual_batch_by_speed([SLOW, FAST], 1000, 1, 32, 1.05).batch_sizes == [15, 32]
+    # every rank small: no large step to match
+    assert push_floor([slow, slow], [0, 1], [], 64) == 1
+    # rescaled plans (the hybrid's resolutions) keep the floor
+    again = plan.rescaled(32, plan.time_model.scaled(0.5))
+    models = again.rank_models
+    assert models[0].predict(again.small_batch_size) >= models[1].predict(32)
+    assert models[0].predict(again.small_batch_size - 1) < models[1].predict(32)
 
 
 def test_by_speed_at_equal_speeds_there_is_no_room_for_a_smaller_batch():
@@ -298,7 +332,11 @@ def test_by_speed_rescaled_keeps_each_ranks_samples_and_ends_the_small_ranks_in_
         times = again.predicted_epoch_times
         assert times[0] <= max(times[1:])  # the small rank ends no later than the large ones
         smaller = replace(again, small_batch_size=again.small_batch_size - 1)
-        assert again.small_batch_size == 1 or smaller.predicted_epoch_times[0] > max(times[1:])
+        floor = push_floor(again.rank_models, [0], [1, 2], large)
+        assert again.small_batch_size >= floor
+        assert again.small_batch_size == floor or (
+            smaller.predicted_epoch_times[0] > max(times[1:])
+        )
 
 
 def test_by_speed_ranks_within_timing_noise_count_as_equally_fast():
