@@ -18,12 +18,12 @@ from lightning_hetero import HeteroStrategy
 from lightning_hetero._comm import HostStepTimer
 from lightning_hetero._optim import (
     NoiseScale,
-    second_moment_decay,
     check_lr_scaling,
     is_adaptive,
     lr_factor,
     lr_rule,
     patched,
+    second_moment_decay,
 )
 from lightning_hetero.modes import ModeOptions, ParameterServerMode
 from lightning_hetero.modes.dual import DualBatchMode
