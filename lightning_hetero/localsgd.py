@@ -15,7 +15,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from lightning_hetero.planning.merge import momentum_merge, outer_step
 
-__all__ = ["ReplicaMerger", "weighted_average_"]
+__all__ = ["ReplicaMerger", "optimizer_state_tensors", "weighted_average_"]
 
 
 class ReplicaMerger:
@@ -111,6 +111,36 @@ class ReplicaMerger:
                 self._previous, self._global = self._global, merged
                 vector_to_parameters(merged.clone(), self.params)
         weighted_average_(self.buffers, weight, float(sum(weights)), group)
+
+
+def optimizer_state_tensors(
+    optimizers: Sequence[torch.optim.Optimizer],
+) -> tuple[list[torch.Tensor], list[float]]:
+    """The per-parameter state of ``optimizers`` that a merge averages with the parameters:
+    every floating-point tensor shaped like its parameter (SGD's momentum buffer, Adam's
+    moments), in the optimizers' parameter order and each state's key order; step counters
+    and other scalars are left out. Also its layout, ``[count, elements, sum of (position
+    + 1) * elements]``: ranks merge the state only where every rank's layout is the same (a
+    rank that has not yet stepped some parameter holds less), so no all-reduce mismatches."""
+    tensors: list[torch.Tensor] = []
+    position = elements = weighted = 0
+    for optimizer in optimizers:
+        raw = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's
+        for group in raw.param_groups:
+            for param in group["params"]:
+                position += 1
+                state = raw.state.get(param, {})
+                for key in sorted(state):
+                    value = state[key]
+                    if (
+                        isinstance(value, torch.Tensor)
+                        and value.is_floating_point()
+                        and value.shape == param.shape
+                    ):
+                        tensors.append(value)
+                        elements += value.numel()
+                        weighted += position * value.numel()
+    return tensors, [float(len(tensors)), float(elements), float(weighted)]
 
 
 def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:

@@ -179,6 +179,10 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             a number: DiLoCo's outer optimizer, Nesterov momentum 0.9 at this learning rate
             on the pseudo-gradient (the model at the last merge less the average). Not with
             ``gamma``.
+        merge_optimizer_state: local mode: ``True`` (default): each merge also averages the
+            replicas' optimizer state shaped like the parameters (SGD's momentum buffers,
+            Adam's moments) with the merge's weights, one more all-reduce of that size;
+            ``False``: each replica keeps its own.
         **kwargs: forwarded to ``DistributedDataParallel``
             (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``. A name that is
             neither an option above nor a keyword of ``DistributedDataParallel`` is refused
@@ -237,6 +241,7 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
         gamma: float = 0.0,
         local_steps: Literal["equal", "proportional"] = "proportional",
         outer_lr: float | None = None,
+        merge_optimizer_state: bool = True,
         **kwargs: Any,
     ) -> None:
         refuse_unknown(

@@ -1,9 +1,12 @@
 """The one-process simulation of the modes' update rules (``lightning_hetero.bench.mode_sim``)."""
 
 import pytest
+import torch
 
 from lightning_hetero.bench.mode_sim import (
+    CONTROL,
     GRID_MODES,
+    RERUN_NUDGE,
     _async_plans,
     _grid_rows,
     _sync_times,
@@ -97,6 +100,9 @@ def test_target_misses_follow_the_issue() -> None:
     ]  # fmt: skip
     assert target_misses("transformer", "async", False, figs(1.0, -1.01)) == ["acc < DDP - 1"]
     assert target_misses("transformer", "ddp", True, figs(0.0, -50.0)) == []
+    # the control is DDP itself: no slower than DDP, with or without the slow rank
+    assert target_misses("digits", CONTROL, True, figs(0.99, 0.0)) == ["time < 1x"]
+    assert target_misses("digits", CONTROL, False, figs(1.0, -2.5)) == ["acc < DDP - 2"]
 
 
 def test_sync_times_wait_for_the_slowest_rank_and_bsp_balances_after_the_first_epoch() -> None:
@@ -127,6 +133,7 @@ def test_a_tiny_grid_cell_runs_every_mode_in_virtual_time() -> None:
     assert list(runs) == list(GRID_MODES)
     assert all(len(curve) == len(times) == 1 for curve, times in runs.values())
     assert runs["bsp"] == runs["ddp"]  # exact DDP, and its first epoch on the uniform plan
+    assert runs[CONTROL][1] == runs["ddp"][1]  # the control runs at DDP's times
     ddp_time = runs["ddp"][1][0]
     # with the slow rank, local (even batches, more steps on the fast rank) and dual (a small
     # batch on the slow rank) end the epoch before DDP's, by the cost model
@@ -138,3 +145,15 @@ def test_a_tiny_grid_cell_runs_every_mode_in_virtual_time() -> None:
         run_cell("transformer", [1.0], 0, modes=["sync"])
     with pytest.raises(ValueError, match="`sync_cost` must be a finite number >= 0, got -1"):
         run_cell("transformer", [1.0], 0, sync_cost=-1.0)
+
+
+def test_the_control_is_ddp_from_initial_weights_nudged_at_rounding_level() -> None:
+    from lightning_hetero.bench.mode_sim import _make_task, _train_ddp
+
+    plain = _make_task("digits", 0, epochs=0)
+    nudged = _make_task("digits", 0, epochs=0)
+    assert _train_ddp(nudged, RERUN_NUDGE) == []  # no epoch: only the nudge
+    pairs = list(zip(plain.model.parameters(), nudged.model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in pairs)
+    for a, b in pairs:  # one part in a million, relative (a zero weight stays zero)
+        assert torch.allclose(a, b, rtol=1e-5, atol=0.0)

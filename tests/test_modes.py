@@ -93,6 +93,7 @@ _SET = {
     "gamma": 0.5,
     "local_steps": "equal",
     "outer_lr": 0.5,
+    "merge_optimizer_state": False,
 }
 
 

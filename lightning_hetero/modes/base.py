@@ -89,12 +89,16 @@ class MergeOptions(OptionGroup):
     gamma: float = 0.0
     local_steps: Literal["equal", "proportional"] = "proportional"
     outer_lr: float | None = None
+    merge_optimizer_state: bool = True
 
     def check(self) -> None:
         check_merge_options(
             self.delta, self.gamma, self.perturb_threshold, self.megabatch_size, None
         )
         check_local_options(self.local_steps, self.outer_lr, self.gamma)
+        if not isinstance(self.merge_optimizer_state, bool):
+            value = self.merge_optimizer_state
+            raise ValueError(f"`merge_optimizer_state` must be True or False, got {value!r}.")
 
 
 #: The option groups: each a part's options, with their checks; a mode lists those it reads

@@ -8,7 +8,7 @@ import torch
 
 from lightning_hetero._optim import check_lr_scaling, lr_rule, replica_factor, scaled_lr
 from lightning_hetero.cursor import MegaBatchSampler, SharedCursor
-from lightning_hetero.localsgd import ReplicaMerger
+from lightning_hetero.localsgd import ReplicaMerger, optimizer_state_tensors, weighted_average_
 from lightning_hetero.modes.base import MergeOptions, Mode, ModeOptions, OptionGroup
 from lightning_hetero.planning import Controller, check_merge_options, merge_weights
 from lightning_hetero.planning.merge import sample_weights
@@ -143,7 +143,10 @@ class LocalSGDMode(Mode):
         """Merge the replicas after mega-batch ``_next_merge`` and re-plan (every rank)."""
         assert self.merger is not None and self.replan is not None
         ctx = self.ctx
-        own = [self._updates, self.merger.norm_per_parameter(), self._samples]
+        state, layout = [], [0.0, 0.0, 0.0]
+        if self.options.merge_optimizer_state:
+            state, layout = optimizer_state_tensors(ctx.optimizers)
+        own = [self._updates, self.merger.norm_per_parameter(), self._samples, *layout]
         rows = ctx.comm.gather_rows(own)
         updates = [int(row[0]) for row in rows]
         plan = ctx.plan_state.batch_sizes
@@ -158,6 +161,11 @@ class LocalSGDMode(Mode):
                 threshold=self.options.perturb_threshold,
             )
         self.merger.merge(weights.weights)
+        # the optimizers' state (momentum) with the same weights, where every rank holds the
+        # same tensors (a rank that has not stepped every parameter yet holds fewer)
+        if state and all(row[3:] == layout for row in rows):
+            weight = float(weights.weights[ctx.rank])
+            weighted_average_(state, weight, float(sum(weights.weights)))
         self.merges.append(
             {
                 "epoch": ctx.epoch,

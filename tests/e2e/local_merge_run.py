@@ -4,13 +4,15 @@ usage: python local_merge_run.py CONFIG_JSON
 
 Keys: out (path of the report), task (``"lstsq"``: least squares on generated data;
 ``"digits"``: a small classifier on sklearn's digits), epochs, lr, batch_size (per rank,
-the loader's), and the strategy's megabatch_size, gamma, delta and lr_scaling (each left
-out: the strategy's default).
+the loader's), momentum (SGD's; default 0), and the strategy's megabatch_size, gamma,
+delta, lr_scaling and merge_optimizer_state (each left out: the strategy's default).
 
-Plain SGD (no momentum). The report holds the final training loss over the whole set
-(rank 0, after fit), for ``lstsq`` the closed-form least-squares optimum's loss and the
-largest distance of a learned parameter to it, for ``digits`` the training accuracy, the
-strategy's merge records, and ``trace``: the whole set's loss after each merge.
+SGD, plain unless ``momentum`` is given. The report holds the final training loss over the
+whole set (rank 0, after fit), ``momentum_spread``: the largest difference between the two
+ranks' momentum buffers at the end of training, for ``lstsq`` the closed-form
+least-squares optimum's loss and the largest distance of a learned parameter to it, for
+``digits`` the training accuracy, the strategy's merge records, and ``trace``: the whole
+set's loss after each merge.
 """
 
 import json
@@ -51,10 +53,12 @@ def lstsq_optimum(data: TensorDataset) -> tuple[torch.Tensor, float]:
 
 
 class Model(pl.LightningModule):
-    def __init__(self, task: str, lr: float, batch_size: int) -> None:
+    def __init__(self, task: str, lr: float, batch_size: int, momentum: float = 0.0) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.task, self.lr, self.batch_size = task, lr, batch_size
+        self.momentum = momentum
+        self.momentum_spread: float | None = None
         if task == "lstsq":
             self.net = torch.nn.Linear(FEATURES, 1)
         else:
@@ -81,7 +85,17 @@ class Model(pl.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+    def on_train_end(self):  # after the last merge, while the process group is up
+        optimizer = self.trainer.optimizers[0]
+        buffers = [optimizer.state[p].get("momentum_buffer") for p in self.parameters()]
+        if any(b is None for b in buffers):
+            return
+        mine = torch.cat([b.flatten() for b in buffers])
+        both = [torch.zeros_like(mine) for _ in range(2)]
+        torch.distributed.all_gather(both, mine)
+        self.momentum_spread = float((both[0] - both[1]).abs().max())
 
     def train_dataloader(self):
         return DataLoader(self.data, batch_size=self.batch_size, shuffle=True)
@@ -93,7 +107,7 @@ def main() -> None:
     options = {"gamma": config["gamma"]} if "gamma" in config else {}
     if "megabatch_size" in config:
         options["megabatch_size"] = config["megabatch_size"]
-    for key in ("lr_scaling", "delta"):
+    for key in ("lr_scaling", "delta", "merge_optimizer_state"):
         if key in config:
             options[key] = config[key]
     strategy = HeteroStrategy(mode="local", timeout=timedelta(seconds=60), **options)
@@ -106,12 +120,15 @@ def main() -> None:
         enable_checkpointing=False,
     )
     task = config.get("task", "lstsq")
-    model = Model(task, config.get("lr", 0.05), config.get("batch_size", 16))
+    model = Model(
+        task, config.get("lr", 0.05), config.get("batch_size", 16), config.get("momentum", 0.0)
+    )
     trainer.fit(model)
     if trainer.global_rank == 0:
         with torch.no_grad():
             x, y = model.data.tensors
             report = {"gamma": strategy.gamma, "merges": strategy.merges, "trace": model.trace}
+            report["momentum_spread"] = model.momentum_spread
             report["loss"] = float(model.loss(x, y))
             if task == "lstsq":
                 solution, optimum = lstsq_optimum(model.data)

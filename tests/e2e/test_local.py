@@ -26,6 +26,16 @@ def distance_to_optimum(report) -> float:
     return float((weight - TRUE_W.flatten()).abs().max().item() + abs(report["bias"] - TRUE_B))
 
 
+def test_merges_average_the_replicas_momentum_buffers_unless_told_not_to(tmp_path):
+    config = {"task": "digits", "epochs": 1, "lr": 0.05, "momentum": 0.9, "batch_size": 32}
+    merged = run_merge(tmp_path, "merged", **config)
+    kept = run_merge(tmp_path, "kept", merge_optimizer_state=False, **config)
+    assert merged["merges"] and kept["merges"]
+    assert merged["momentum_spread"] == 0.0  # the last merge left one buffer on both ranks
+    assert kept["momentum_spread"] > 1e-4  # each replica's own
+    assert merged["accuracy"] > 0.5 and kept["accuracy"] > 0.5  # both learn (0.81 measured)
+
+
 def test_plain_averaging_converges_to_the_optimum_and_every_sample_is_used_once(tmp_path):
     report = run(tmp_path, "plain", epochs=12, lr=0.1, megabatch_size=96, gamma=0.0)
     assert distance_to_optimum(report) < 1e-3

@@ -101,6 +101,31 @@ def test_the_outer_optimizer_moves_the_merged_model_by_nesterov_on_the_pseudo_gr
     assert module.weight.item() == pytest.approx(0.81 - 0.5 * (0.1 + 0.9 * 0.28))  # 0.634
 
 
+def test_the_optimizer_state_a_merge_averages_is_what_is_shaped_like_the_parameters():
+    from lightning.pytorch.core.optimizer import LightningOptimizer
+
+    from lightning_hetero.localsgd import optimizer_state_tensors
+
+    module = torch.nn.Linear(3, 2)
+    sgd = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    adam = torch.optim.Adam(torch.nn.Linear(2, 1).parameters())
+    assert optimizer_state_tensors([sgd, adam]) == ([], [0.0, 0.0, 0.0])  # nothing stepped
+    module(torch.ones(1, 3)).sum().backward()
+    sgd.step()
+    tensors, layout = optimizer_state_tensors([LightningOptimizer(sgd)])
+    assert [t.shape for t in tensors] == [(2, 3), (2,)]  # the momentum buffers
+    assert layout == [2.0, 8.0, 1 * 6 + 2 * 2]
+    for param in adam.param_groups[0]["params"]:
+        param.grad = torch.ones_like(param)
+    adam.step()
+    tensors, layout = optimizer_state_tensors([sgd, adam])
+    # Adam's two moments per parameter, its `step` counters left out
+    assert [t.shape for t in tensors] == [(2, 3), (2,), (1, 2), (1, 2), (1,), (1,)]
+    assert layout[:2] == [6.0, 8.0 + 2 * 2 + 2 * 1]
+    with pytest.raises(ValueError, match="merge_optimizer_state"):
+        _local([4, 4], merge_optimizer_state="yes")
+
+
 class _Line(pl.LightningModule):
     """Least squares on a fixed data set (one merge per epoch at the default mega-batch)."""
 
