@@ -285,6 +285,14 @@ class DualBatchPlan:
                 f" {max(self.predicted_epoch_times):.3g} s against DDP's"
                 f" {self.ddp_epoch_time:.3g} s"
             )
+            small = [r for r in range(self.world_size) if self.is_small(r)]
+            large = [r for r in range(self.world_size) if not self.is_small(r)]
+            floor = push_floor(self.rank_models, small, large, self.large_batch_size)
+            if small and large and self.small_batch_size == floor < self.large_batch_size:
+                lines.append(
+                    f"B_S = {floor} is the push floor: below it the small ranks would push more"
+                    " often than the large ones"
+                )
         if self.factor_rule == "share":
             lines.append(
                 "update factor: batch share b_k / (n * B_L) of DDP's step; the learning rate"
