@@ -625,34 +625,36 @@ def _train_local(
                 if outer_lr is not None:
                     merged, velocity = outer_step(anchor, merged, velocity, outer_lr)
                 anchor = merged.clone()
-                total = sum(weights)
-                averaged = [
-                    sum(w * b for w, b in zip(weights, group)) / total for group in zip(*buffers)
-                ]
                 for k in range(workers):
                     vector_to_parameters(merged.clone(), params[k])
-                    for b, value in zip(buffers[k], averaged):
-                        b.copy_(value)
+                _average_(buffers, weights)
                 # the replicas' momentum, as `merge_optimizer_state=True` (the default)
                 states = [optimizer_state_tensors([o]) for o in optimizers]
                 if all(layout == states[0][1] for _, layout in states):
-                    for group in zip(*(tensors for tensors, _ in states)):
-                        mean = sum(w * t for w, t in zip(weights, group)) / total
-                        for t in group:
-                            t.copy_(mean)
+                    _average_([tensors for tensors, _ in states], weights)
         curve.append(task.accuracy(replicas[0]))
         times.append(clock)
     return curve, times
 
 
+def _average_(per_replica: Sequence[Sequence[torch.Tensor]], weights: Sequence[float]) -> None:
+    """Set each tensor of every replica (``per_replica[k]``, in the same order) to their
+    mean weighted by ``weights``: the one-process stand-in for ``weighted_average_``."""
+    total = sum(weights)
+    for group in zip(*per_replica):
+        mean = sum(w * t for w, t in zip(weights, group)) / total
+        for t in group:
+            t.copy_(mean)
+
+
 # ------------------------------------------------------------------ time to accuracy grid
-#: The grid's modes with their defaults; ``ddp`` is the baseline.
 #: The grid's control row: DDP again, its initial weights nudged by one part in a million
 #: (``RERUN_NUDGE``), judged as a mode that must be no slower than DDP: how far a
 #: rounding-level difference moves DDP's own time to accuracy and final accuracy, the
 #: spread every mode's single-seed verdict sits on.
 CONTROL = "ddp-rerun"
 RERUN_NUDGE = 1e-6
+#: The grid's modes with their defaults; ``ddp`` is the baseline.
 GRID_MODES = ("ddp", "bsp", "async", "local", "dual", CONTROL)
 #: The grid's tasks: the transformer with Adam (2 epochs, global batch 128) and the digits
 #: CNN with SGD and momentum 0.9 (8 epochs, global batch 64), as issue 41 measured them.

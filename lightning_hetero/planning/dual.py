@@ -285,8 +285,8 @@ class DualBatchPlan:
                 f" {max(self.predicted_epoch_times):.3g} s against DDP's"
                 f" {self.ddp_epoch_time:.3g} s"
             )
-            small = [r for r in range(self.world_size) if self.is_small(r)]
-            large = [r for r in range(self.world_size) if not self.is_small(r)]
+            small = self.small_ranks
+            large = [r for r in range(self.world_size) if r not in small]
             floor = push_floor(self.rank_models, small, large, self.large_batch_size)
             if small and large and self.small_batch_size == floor < self.large_batch_size:
                 lines.append(
