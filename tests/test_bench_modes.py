@@ -281,6 +281,7 @@ def test_the_convergence_benchmark_runs_every_config_per_seed_with_the_tasks_fie
     assert all(set(c) <= names for c in launched)  # every field is a RunConfig field
     assert {c["batch_size"] for c in launched} == {64}  # the global batch of 128
     assert {c["lr"] for c in launched} == {5e-4} and {c["model"] for c in launched} == {"reverse"}
+    assert {c["accelerator"] for c in launched} == {"cpu"}
     slow = [c["sample_cost"] for c in launched if c["sample_cost"][1] != c["sample_cost"][0]]
     assert len(slow) == 6 and all(cost[1] == 3 * cost[0] for cost in slow)
     assert [c["seed"] for c in launched[:6]] == [0, 0, 0, 1, 1, 1]
@@ -348,9 +349,12 @@ def test_the_convergence_command_passes_the_sample_cost_through(monkeypatch, tmp
 
     monkeypatch.setattr(modes, "measure_convergence", fake_measure)
     modes.main(["--task", "digits", "--workers", "4", "--sample-cost", "2e-3"])
-    modes.main(["--task", "digits", "--workers", "4", "--global-batch", "64"])
+    modes.main(
+        ["--task", "digits", "--workers", "4", "--global-batch", "64", "--accelerator", "gpu"]
+    )
     assert [options["sample_cost"] for options in seen] == [2e-3, 2e-4]
     assert [options["global_batch"] for options in seen] == [None, 64]
+    assert [options["accelerator"] for options in seen] == ["cpu", "gpu"]
 
 
 def test_the_accuracy_curve_counts_the_set_up_from_the_start_of_fit(monkeypatch):

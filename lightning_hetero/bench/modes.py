@@ -266,15 +266,17 @@ def measure_convergence(
     timeout: float | None = 1800.0,
     log: Callable[[str], None] | None = None,
     global_batch: int | None = None,
+    accelerator: str = "cpu",
 ) -> dict[str, Any]:
-    """Train ``task`` with each of ``configs`` on ``workers`` CPU ranks for every speed
+    """Train ``task`` with each of ``configs`` on ``workers`` ranks for every speed
     setting and seed (the configurations of one seed back to back, in ``run_order``);
     returns ``{"task": ..., "runs": {speed: [{config: summary}, ...]}}``
     with one dict per seed (rank 0's summaries, with ``accuracy_curve``).
 
     ``lr_factor`` multiplies the task's learning rate (e.g. 2: is the rule safe at a learning
     rate above DDP's best?); ``epochs`` and ``global_batch`` (split evenly over the ranks)
-    override the task's.
+    override the task's. ``accelerator="gpu"``: every rank on ``cuda:0`` (gloo), the speeds
+    still set by ``Throttle`` (the modes' CUDA paths, on one GPU).
     """
     spec = TASKS[task]
     batch = global_batch or spec["global_batch"]
@@ -286,6 +288,7 @@ def measure_convergence(
         "epochs": epochs or spec["epochs"],
         "workers": workers,
         "batch_size": batch // workers,
+        "accelerator": accelerator,
     }
     if log is None:
 
@@ -422,6 +425,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         " default 2e-4, raise it (e.g. 2e-3) so the slow rank, not per-step overhead, sets"
         " the time to accuracy",
     )
+    parser.add_argument(
+        "--accelerator",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="gpu: every rank on cuda:0 over gloo, speeds still from Throttle (default: cpu)",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw summaries here")
     args = parser.parse_args(argv)
     results = []
@@ -430,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             result = measure_convergence(
                 args.task, workers, args.speeds, args.seeds, args.configs, Path(tmp),
                 sample_cost=args.sample_cost, epochs=args.epochs, lr_factor=args.lr_factor,
-                global_batch=args.global_batch,
+                global_batch=args.global_batch, accelerator=args.accelerator,
             )  # fmt: skip
             results.append(result)
             print(convergence_report(result), flush=True)
