@@ -13,12 +13,20 @@ The twins are checked in; ``tests/test_namespaces.py`` fails when one is stale, 
 that uses Lightning (directly or through a twinned module) is missing from ``TWINNED``
 (``lightning_facing``).
 
+It first writes the public declaration of the modes' part options (``modes.OPTION_GROUPS``)
+from their fields: each one's keyword in ``HeteroStrategy.__init__`` (type and default as
+the field has them), its entry in the class docstring and its row in ``docs/options.md``
+(its field's docstring); ``option_declarations``. So a new part option is its field, its
+check and its use; ``tests/test_namespaces.py`` fails when a declaration is stale.
+
 usage: python -m lightning_hetero._generate [--out DIR]
 """
 
 import argparse
 import ast
 import re
+import textwrap
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from lightning_hetero._namespaces import PACKAGE, TWIN_PACKAGE, TWINNED
@@ -175,6 +183,134 @@ def generate(out_dir: Path = TWIN_DIR) -> list[Path]:
     return written
 
 
+# ---------------------------------------------------------------- the part options' declarations
+STRATEGY = ROOT / "strategy.py"
+OPTIONS_PAGE = ROOT.parent / "docs" / "options.md"
+_GROUPS_SOURCE = ROOT / "modes" / "base.py"
+# an entry of the strategy's docstring (`name: text`, continued 4 columns further in), a
+# keyword of its signature (one line each), a row of the options table
+_DOC_ENTRY, _DOC_MORE = re.compile(r"^ {8}(\w+): "), re.compile(r"^ {12}\S")
+_KEYWORD = re.compile(r"^ {8}(\w+): .* = .*,$")
+_ROW = re.compile(r"^\| `(\w+)` \|")
+_UP = re.compile(r"\]\((?:\.\./)+")
+_CODE = re.compile(r"`[^`]+`")
+
+
+@dataclass(frozen=True)
+class PartOption:
+    """One field of an option group, as its source declares it."""
+
+    name: str
+    annotation: str  # the type, as written
+    default: str  # the default, as written
+    doc: str  # its docstring as one paragraph (Markdown, links relative to the API pages)
+
+
+def part_options() -> list[PartOption]:
+    """The fields of ``modes.OPTION_GROUPS``, group by group, read from their source: each
+    must be ``name: type = option(default, example=...)`` followed by its docstring."""
+    from lightning_hetero.modes import OPTION_GROUPS
+
+    source = _GROUPS_SOURCE.read_text(encoding="utf-8")
+    classes = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)}
+    found = []
+    for group in OPTION_GROUPS:
+        body = classes[group.__name__].body
+        declared = []
+        for node, after in zip(body, [*body[1:], None]):
+            if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+                continue
+            annotation = ast.get_source_segment(source, node.annotation) or ""
+            if annotation.startswith("ClassVar"):
+                continue
+            name, value = node.target.id, node.value
+            where = f"{group.__name__}.{name} ({_GROUPS_SOURCE.name}, line {node.lineno})"
+            is_option = (
+                isinstance(value, ast.Call)
+                and getattr(value.func, "id", None) == "option"
+                and len(value.args) == 1
+            )
+            if not is_option:
+                raise ValueError(f"{where} must be declared as `option(default, example=...)`.")
+            docstring = after.value.value if isinstance(after, ast.Expr) else None
+            if not isinstance(docstring, str):
+                raise ValueError(f"{where} needs its docstring on the lines under it.")
+            default = ast.get_source_segment(source, value.args[0]) or ""
+            found.append(PartOption(name, annotation, default, " ".join(docstring.split())))
+            declared.append(name)
+        if declared != [f.name for f in fields(group)]:
+            raise ValueError(f"{group.__name__}'s fields are not all `option(...)` declarations.")
+    return found
+
+
+def _replace_entries(
+    text: str, entry: re.Pattern[str], more: re.Pattern[str] | None, new: list[str], where: str
+) -> str:
+    """``text`` with its entries of the part options (lines matching ``entry``, each with the
+    lines after it matching ``more``) replaced by ``new``; they must stand together."""
+    names = {option.name for option in part_options()}
+    lines = text.split("\n")
+    spans, i = [], 0
+    while i < len(lines):
+        match, end = entry.match(lines[i]), i + 1
+        while match and more is not None and end < len(lines) and more.match(lines[end]):
+            end += 1
+        spans.append((match.group(1) if match else None, i, end))
+        i = end
+    ours = [k for k, (name, _, _) in enumerate(spans) if name in names]
+    if not ours or ours != list(range(ours[0], ours[-1] + 1)):
+        raise ValueError(
+            f"{where}: the part options' entries must stand together, in one block, for"
+            f" `{COMMAND}` to rewrite them."
+        )
+    start, end = spans[ours[0]][1], spans[ours[-1]][2]
+    return "\n".join(lines[:start] + new + lines[end:])
+
+
+def option_declarations() -> dict[Path, str]:
+    """``strategy.py`` and ``docs/options.md`` with the part options' keywords, docstring
+    entries and table rows written from their fields (``part_options``)."""
+    options = part_options()
+    strategy = STRATEGY.read_text(encoding="utf-8")
+    head, signature = strategy.split("    def __init__(", 1)
+    # a code span stays on one line (its spaces held by a mark while the text is wrapped):
+    # LightningCLI's help shows a span broken over two lines as written (``plain_docstring``)
+    held = [
+        _CODE.sub(lambda m: m.group().replace(" ", "\0"), f"{o.name}: {o.doc}") for o in options
+    ]
+    entries = [
+        textwrap.fill(
+            text,
+            width=100,
+            initial_indent=" " * 8,
+            subsequent_indent=" " * 12,
+            break_long_words=False,
+            break_on_hyphens=False,
+        ).replace("\0", " ")
+        for text in held
+    ]
+    keywords = [f"        {o.name}: {o.annotation} = {o.default}," for o in options]
+    # the table's links are relative to docs/, the docstrings' to the API pages below it
+    rows = [f"| `{o.name}` | `{o.default}` | {_UP.sub('](', o.doc)} |" for o in options]
+    page = OPTIONS_PAGE.read_text(encoding="utf-8")
+    return {
+        STRATEGY: _replace_entries(head, _DOC_ENTRY, _DOC_MORE, entries, "the docstring")
+        + "    def __init__("
+        + _replace_entries(signature, _KEYWORD, None, keywords, "the signature"),
+        OPTIONS_PAGE: _replace_entries(page, _ROW, None, rows, OPTIONS_PAGE.name),
+    }
+
+
+def write_option_declarations() -> list[Path]:
+    """Write ``option_declarations`` where they differ; returns the paths written."""
+    written = []
+    for path, text in option_declarations().items():
+        if path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    return written
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=TWIN_DIR, help="default: %(default)s")
@@ -189,7 +325,7 @@ def main() -> None:
             f"Modules that use Lightning are missing from {PACKAGE}._namespaces.TWINNED:"
             f" {missing}. Add them (sub-packages cannot be twinned: keep Lightning out of them)."
         )
-    for path in generate(args.out):
+    for path in [*write_option_declarations(), *generate(args.out)]:
         print(path)
 
 

@@ -255,8 +255,9 @@ def test_the_modes_test_no_mode_names() -> None:
 
 
 def test_a_mode_option_is_one_field_that_the_strategies_pick() -> None:
-    """A new mode option is its field (in its part's group), its check and its use: the
-    strategies neither list nor copy it one by one."""
+    """A new mode option is its field (in its part's group, with its docstring and example),
+    its check and its use: the strategies neither list nor copy it one by one, and its keyword,
+    docstring entry and options row are generated (``tests/test_namespaces.py``)."""
     import dataclasses
     import typing
 

@@ -370,3 +370,33 @@ def test_the_accuracy_curve_counts_the_set_up_from_the_start_of_fit(monkeypatch)
     curve.setup(SimpleNamespace(), SimpleNamespace(), "fit")
     curve.on_train_start(SimpleNamespace(), SimpleNamespace())
     assert curve.setup_s == 2.5
+
+
+def test_mps_shares_replace_the_throttle_and_run_under_the_daemon(monkeypatch, tmp_path):
+    import contextlib
+
+    from lightning_hetero.bench import mps
+
+    seen, daemons, launched = [], [], []
+
+    def fake_measure(task, workers, speeds, seeds, configs, workdir, **options):
+        seen.append((speeds, options))
+        return {"task": task, "workers": workers, "common": {}, "runs": {}}
+
+    monkeypatch.setattr(mps, "mps_daemon", lambda: daemons.append(1) or contextlib.nullcontext())
+    monkeypatch.setattr(modes, "measure_convergence", fake_measure)
+    argv = ["--task", "digits", "--workers", "2", "--accelerator", "gpu", "--mps-shares", "100"]
+    modes.main([*argv, "33", "--resolution", "64", "--width", "16"])
+    ((speeds, options),) = seen
+    assert speeds == ["mps 100/33"] and daemons == [1]
+    assert options["fields"] == {"resolution": 64, "width": 16, "mps_shares": [100, 33]}
+    with pytest.raises(SystemExit):  # one share per rank, on a GPU
+        modes.main([*argv, "33", "50"])
+    # the shares set the speeds: no Throttle cost in any run
+    monkeypatch.undo()
+    monkeypatch.setattr(modes, "launch", lambda config, *a, **k: launched.append(config) or {})
+    modes.measure_convergence(
+        "digits", 2, ["mps 100/33"], [0], ["ddp"], tmp_path, log=lambda line: None,
+        accelerator="gpu", fields={"mps_shares": [100, 33]},
+    )  # fmt: skip
+    assert launched[0]["sample_cost"] is None and launched[0]["mps_shares"] == [100, 33]

@@ -82,18 +82,9 @@ def test_options_the_mode_cannot_honour_are_refused(case) -> None:
         _build(*case, gamma=1.0)
 
 
-#: A valid value other than the default for each part's option (a new option gets one here).
+#: A valid value other than the default for each part's option (its field's ``example``).
 _SET = {
-    "lookahead": False,
-    "epoch_average": False,
-    "rpc_timeout": 30.0,
-    "megabatch_size": 64,
-    "delta": 0.2,
-    "perturb_threshold": 0.2,
-    "gamma": 0.5,
-    "local_steps": "equal",
-    "outer_lr": 0.5,
-    "merge_optimizer_state": False,
+    f.name: f.metadata["example"] for group in OPTION_GROUPS for f in dataclasses.fields(group)
 }
 
 

@@ -58,6 +58,52 @@ def test_the_checked_in_twins_are_generated_from_the_current_sources(tmp_path: P
     )
 
 
+# ---------------------------------------------------------------- the part options' declarations
+def test_the_part_options_keywords_docstring_entries_and_rows_are_generated_from_their_fields():
+    stale = [
+        path.name
+        for path, text in _generate.option_declarations().items()
+        if path.read_text(encoding="utf-8") != text
+    ]
+    assert not stale, f"{stale} are stale: run `make generate` and commit the result."
+    # read from the fields, in group order: the type and default as written there
+    options = {option.name: option for option in _generate.part_options()}
+    assert list(options)[:3] == ["lookahead", "epoch_average", "rpc_timeout"]
+    assert options["local_steps"].annotation == 'Literal["equal", "proportional"]'
+    assert options["local_steps"].default == '"proportional"'
+    assert options["outer_lr"].doc.startswith("local: DiLoCo's outer optimizer")
+    assert "\n" not in options["lookahead"].doc  # one paragraph
+
+
+def test_a_new_part_option_is_written_into_all_three_declarations(monkeypatch) -> None:
+    # the three edits of a new option (field, check, use) and `make generate`: nothing else
+    real = _generate.part_options()
+    new = _generate.PartOption("merge_every", "int", "2", "local: merge every N [x](../a.md).")
+    monkeypatch.setattr(_generate, "part_options", lambda: [*real, new])
+    texts = _generate.option_declarations()
+    strategy, page = texts[_generate.STRATEGY], texts[_generate.OPTIONS_PAGE]
+    assert "        merge_every: int = 2,\n        **kwargs: Any," in strategy
+    assert "        merge_every: local: merge every N [x](../a.md).\n        **kwargs:" in strategy
+    assert "| `merge_every` | `2` | local: merge every N [x](a.md). |" in page
+
+
+def test_part_options_out_of_one_block_or_declared_otherwise_are_refused(
+    monkeypatch, tmp_path: Path
+) -> None:
+    text = "        gamma: 1,\n        mode: 2,\n        delta: 3,"
+    with pytest.raises(ValueError, match="must stand together"):
+        _generate._replace_entries(text, _generate._KEYWORD, None, [], "the signature")
+    source = _generate._GROUPS_SOURCE.read_text(encoding="utf-8")
+    plain = tmp_path / "base.py"
+    plain.write_text(
+        source.replace("delta: float = option(0.1, example=0.2)", "delta: float = 0.1")
+    )
+    assert plain.read_text() != source
+    monkeypatch.setattr(_generate, "_GROUPS_SOURCE", plain)
+    with pytest.raises(ValueError, match=r"MergeOptions.delta .* must be declared as `option"):
+        _generate.part_options()
+
+
 def test_every_module_that_uses_lightning_is_twinned() -> None:
     facing = _generate.lightning_facing()
     twinned = {f"lightning_hetero.{name}" for name in _namespaces.TWINNED}

@@ -267,6 +267,7 @@ def measure_convergence(
     log: Callable[[str], None] | None = None,
     global_batch: int | None = None,
     accelerator: str = "cpu",
+    fields: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``task`` with each of ``configs`` on ``workers`` ranks for every speed
     setting and seed (the configurations of one seed back to back, in ``run_order``);
@@ -276,7 +277,9 @@ def measure_convergence(
     ``lr_factor`` multiplies the task's learning rate (e.g. 2: is the rule safe at a learning
     rate above DDP's best?); ``epochs`` and ``global_batch`` (split evenly over the ranks)
     override the task's. ``accelerator="gpu"``: every rank on ``cuda:0`` (gloo), the speeds
-    still set by ``Throttle`` (the modes' CUDA paths, on one GPU).
+    still set by ``Throttle`` (the modes' CUDA paths, on one GPU). ``fields``: more RunConfig
+    fields for every run; with ``mps_shares`` among them the ranks' SM shares set the speeds
+    and no ``Throttle`` runs (``speeds`` is then a label only; run under ``mps.mps_daemon``).
     """
     spec = TASKS[task]
     batch = global_batch or spec["global_batch"]
@@ -289,6 +292,7 @@ def measure_convergence(
         "workers": workers,
         "batch_size": batch // workers,
         "accelerator": accelerator,
+        **(fields or {}),
     }
     if log is None:
 
@@ -297,7 +301,7 @@ def measure_convergence(
 
     runs: dict[str, list[dict[str, Any]]] = {}
     for speed in speeds:
-        costs = rank_costs(speed, workers, sample_cost)
+        costs = None if common.get("mps_shares") else rank_costs(speed, workers, sample_cost)
         runs[speed] = []
         for seed in seeds:
             per_config: dict[str, Any] = {}
@@ -398,6 +402,7 @@ def convergence_report(
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m lightning_hetero.bench.modes --task reverse --workers 2 ...``"""
     import argparse
+    import contextlib
     import json
     import tempfile
 
@@ -431,15 +436,38 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="cpu",
         help="gpu: every rank on cuda:0 over gloo, speeds still from Throttle (default: cpu)",
     )
+    parser.add_argument(
+        "--mps-shares",
+        type=int,
+        nargs="+",
+        help="real heterogeneous GPU workers instead of Throttle: each rank's share of the SMs"
+        " (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, one per rank; needs --accelerator gpu and"
+        " nvidia-cuda-mps-control; --speeds is then ignored)",
+    )
+    parser.add_argument(
+        "--resolution", type=int, help="digits: images upsampled to this size (default 8)"
+    )
+    parser.add_argument("--width", type=int, help="digits: the CNN's channel multiplier (1)")
     parser.add_argument("--json", type=Path, help="also write the raw summaries here")
     args = parser.parse_args(argv)
+    fields = {key: getattr(args, key) for key in ("resolution", "width") if getattr(args, key)}
+    speeds = args.speeds
+    daemon: Any = contextlib.nullcontext()
+    if args.mps_shares:
+        if args.accelerator != "gpu" or args.workers != [len(args.mps_shares)]:
+            parser.error("--mps-shares needs --accelerator gpu and --workers with one per share")
+        from lightning_hetero.bench.mps import mps_daemon
+
+        fields["mps_shares"] = args.mps_shares
+        speeds = ["mps " + "/".join(map(str, args.mps_shares))]
+        daemon = mps_daemon()
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with daemon, tempfile.TemporaryDirectory() as tmp:
         for workers in args.workers:
             result = measure_convergence(
-                args.task, workers, args.speeds, args.seeds, args.configs, Path(tmp),
+                args.task, workers, speeds, args.seeds, args.configs, Path(tmp),
                 sample_cost=args.sample_cost, epochs=args.epochs, lr_factor=args.lr_factor,
-                global_batch=args.global_batch, accelerator=args.accelerator,
+                global_batch=args.global_batch, accelerator=args.accelerator, fields=fields,
             )  # fmt: skip
             results.append(result)
             print(convergence_report(result), flush=True)

@@ -11,7 +11,7 @@ neither the strategy nor the re-planner.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -36,6 +36,7 @@ __all__ = [
     "Replan",
     "ServerOptions",
     "TimeProbe",
+    "option",
 ]
 
 #: Run one boundary now: ``replan(updates)``, with each rank's update count where ranks make
@@ -45,9 +46,20 @@ Replan = Callable[[list[int] | None], None]
 TimeProbe = Callable[[int], Any]
 
 
+def option(default: Any, example: Any) -> Any:
+    """A field of an option group: its ``default``, and an ``example``, a valid value other
+    than the default (the tests set each option to it).
+
+    The docstring under the field (Markdown, links relative to the API pages) is the option's
+    documentation: ``make generate`` writes it, with the field's type and default, into
+    ``HeteroStrategy``'s signature and docstring and into ``docs/options.md``.
+    """
+    return field(default=default, metadata={"example": example})
+
+
 class OptionGroup:
-    """The options of one part of a mode (a dataclass of fields with their defaults), checked
-    together by ``check`` next to their definition."""
+    """The options of one part of a mode (a dataclass of ``option`` fields, each followed by
+    its docstring), checked together by ``check`` next to their definition."""
 
     #: The part these options configure and the ``mode=`` that has it (for messages).
     part: ClassVar[str] = ""
@@ -64,9 +76,27 @@ class ServerOptions(OptionGroup):
     part: ClassVar[str] = "parameter server"
     used_by: ClassVar[str] = "mode='async'"
 
-    lookahead: bool | Literal["auto"] = "auto"
-    epoch_average: bool | Literal["auto"] = "auto"
-    rpc_timeout: float = 300.0
+    lookahead: bool | Literal["auto"] = option("auto", example=False)
+    """async (dual batch included), SGD with momentum: each push returns the server's parameters
+    moved ahead by the momentum of the updates expected before that rank's next push (its
+    moving-average staleness times the other ranks' learning-rate factors), so its next gradient is
+    taken about where it will be applied. `"auto"`: on for `torch.optim.SGD` with `momentum > 0`,
+    off for other optimizers; `True`: on (refused for an optimizer without momentum); `False`: off,
+    paper 002's plain return. Other modes take only `"auto"`. Validation and checkpoints see the
+    server's parameters themselves. See [the
+    lookahead](../modes.md#async-with-sgd-and-momentum-the-lookahead-lookahead)."""
+    epoch_average: bool | Literal["auto"] = option("auto", example=False)
+    """async (dual batch included): at the end of each epoch (before its validation) and of
+    training, the server's parameters become their average over the epoch's pushes, weighted toward
+    the last ones (push `i` of `n` weighs about `(i / n)^2`), and every rank goes on from there: the
+    swings stale gradients give the model under momentum smooth out. `"auto"`: on for
+    `torch.optim.SGD` with `momentum > 0`, off for other optimizers (with Adam, on a model still
+    improving fast, the average lags it); `True`: on for every optimizer; `False`: off. Validation
+    within an epoch sees the server's parameters as they are. One copy of the parameters on rank 0.
+    See [the epoch's average](../modes.md#async-the-epochs-average-epoch_average)."""
+    rpc_timeout: float = option(300.0, example=30.0)
+    """async: seconds a push or pull to the parameter server may take; the error names the rank and
+    the request."""
 
     def check(self) -> None:
         if self.lookahead not in (True, False, "auto"):
@@ -83,13 +113,33 @@ class MergeOptions(OptionGroup):
     part: ClassVar[str] = "replica merger"
     used_by: ClassVar[str] = "mode='local'"
 
-    megabatch_size: int | None = None
-    delta: float = 0.1
-    perturb_threshold: float = 0.1
-    gamma: float = 0.0
-    local_steps: Literal["equal", "proportional"] = "proportional"
-    outer_lr: float | None = None
-    merge_optimizer_state: bool = True
+    megabatch_size: int | None = option(None, example=64)
+    """local: samples claimed between two merges; default `10 * B`; must be at least `B`."""
+    delta: float = option(0.1, example=0.2)
+    """local, `local_steps="equal"`: merge-weight perturbation in `[0, 1)`: the replica with the
+    most updates gets `(1+delta) * alpha`, the one with the fewest `(1-delta) * alpha`; `0` turns it
+    off."""
+    perturb_threshold: float = option(0.1, example=0.2)
+    """local: perturb only when every replica's L2 norm per parameter is below this (`> 0`)."""
+    gamma: float = option(0.0, example=0.5)
+    """local: merge momentum in `[0, 1)`: `w' = sum_k alpha_k w_k + gamma * (w - w_prev)`; `0` is
+    plain weighted averaging. `gamma > 0` amplifies a steady move up to `1 / (1 - gamma)` times.
+    Paper 004 uses `0.9`; with a learning rate tuned for `gamma=0` that diverges, see [Merge
+    momentum](../modes.md#merge-momentum-gamma) for what `gamma > 0` needs."""
+    local_steps: Literal["equal", "proportional"] = option("proportional", example="equal")
+    """local: `"proportional"` (batch sizes stay, controller `"static"`; each rank makes updates in
+    proportion to its speed in the same wall time, replicas merged by their samples) or `"equal"`
+    (paper 004: the `"updates"` controller sizes batches by speed, every rank makes the same number
+    of updates per merge; needed for a controller that moves batch sizes). See [Local steps and the
+    outer optimizer](../modes.md#local-steps-and-the-outer-optimizer)."""
+    outer_lr: float | None = option(None, example=0.5)
+    """local: DiLoCo's outer optimizer at this learning rate (Nesterov momentum 0.9 on the
+    pseudo-gradient `w_last_merge - merged`); `None`: the plain weighted average. Not with
+    `gamma`."""
+    merge_optimizer_state: bool = option(True, example=False)
+    """local: each merge also averages the replicas' optimizer state shaped like the parameters
+    (SGD's momentum buffers, Adam's moments) with the merge's weights, one more all-reduce of that
+    size; `False`: each replica keeps its own."""
 
     def check(self) -> None:
         check_merge_options(
@@ -114,8 +164,10 @@ class ModeOptions(ServerOptions, MergeOptions):
 
     The common options are fields here; a part's options are fields of its group
     (``ServerOptions``, ``MergeOptions``), checked by the group's ``check``. A new option is
-    one field of its group, its check there, and its use in the mode (the strategies pick
-    the fields out of their keyword arguments, ``pick``)."""
+    three edits: its field in its group (``option``, with its docstring), its check there, and
+    its use in the mode. ``make generate`` then writes its keyword, docstring entry and row of
+    ``docs/options.md`` from the field, and the strategies pick the fields out of their keyword
+    arguments (``pick``)."""
 
     adjust_every: Literal["epoch"] | int = "epoch"
     first_boundary: Literal["auto"] | int | None = "auto"

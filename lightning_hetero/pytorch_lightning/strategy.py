@@ -137,54 +137,52 @@ class HeteroStrategy(SameCopy, HeteroEngine, DDPStrategy):
             ``K`` times the factor of ``s = b_k / B`` per replica step (a merge averages the
             ``K`` replicas): ``lr`` at an even split under ``"linear"``, ``sqrt(K) * lr``
             under ``"sqrt"`` (see [Training modes](../modes.md)).
-        lookahead: async mode (``controller="dual"`` included), optimizers with heavy-ball
-            momentum: the parameters a push returns are moved ahead by the momentum the
-            server will apply before that rank's next push (its recent staleness times the
-            other ranks' recent learning-rate factors), so its next gradient is taken about
-            where it will be applied, not where the model was. ``"auto"`` (default): on for
-            ``torch.optim.SGD`` with ``momentum > 0``, off for other optimizers; ``True``:
-            on, refused for an optimizer without momentum; ``False``: off (paper 002's
-            plain pull). Validation, checkpoints and the end of training always see the
-            server's parameters themselves (see [Training modes](../modes.md)).
-        epoch_average: async mode (``controller="dual"`` included): at the end of each epoch
-            (and of training) the server's parameters become their average over the epoch's
-            pushes, weighted toward its last ones (a polynomial-decay average: push ``i`` of
-            ``n`` weighs about the square of ``i / n``), and every rank goes on from there. It
-            smooths the swings stale gradients give the model under momentum. ``"auto"``
-            (default): on for ``torch.optim.SGD`` with ``momentum > 0``, off for other
-            optimizers (with Adam it lags a model that still improves fast); ``True``: on
-            for every optimizer; ``False``: off. Validation within an epoch sees the
-            server's parameters as they are; costs one copy of the parameters on rank 0
-            (see [Training modes](../modes.md)).
-        rpc_timeout: async mode: seconds a push or pull to the parameter server may take
-            before the rank stops with an error naming it.
         timeout: how long a collective waits for every rank (``DDPStrategy``'s option). A rank
             that hangs or dies stops the others after this long; their error names the
             operation (e.g. the gradient all-reduce in backward) and this option.
-        megabatch_size: local mode: samples claimed between two merges (default: ten
-            global batches); must be at least ``B``.
-        delta: local mode: perturbation factor of the merge weights of the replicas with the
-            most and the fewest updates, in ``[0, 1)``; 0 turns perturbation off.
-        perturb_threshold: local mode: perturb only when every replica's L2 norm per
-            parameter is below this (``> 0``).
-        gamma: local mode: merge momentum in ``[0, 1)``: the merged model is
-            ``sum_k alpha_k w_k + gamma * (w - w_prev)``; 0 (default) is plain weighted
-            averaging. ``gamma > 0`` amplifies a steady move up to ``1 / (1 - gamma)`` times
-            and needs a smaller learning rate (see [Training modes](../modes.md)).
-        local_steps: local mode: ``"proportional"`` (default): batch sizes stay (controller
-            ``"static"``) and each rank makes updates in proportion to its speed in the same
-            wall time, replicas merged by their samples; ``"equal"`` (paper 004): the
-            controller (``"updates"``) sizes batches by speed so that every rank makes the
-            same number of updates per merge. A controller that moves batch sizes needs
-            ``"equal"``.
-        outer_lr: local mode: ``None`` (default): the merged model is the weighted average;
-            a number: DiLoCo's outer optimizer, Nesterov momentum 0.9 at this learning rate
-            on the pseudo-gradient (the model at the last merge less the average). Not with
-            ``gamma``.
-        merge_optimizer_state: local mode: ``True`` (default): each merge also averages the
-            replicas' optimizer state shaped like the parameters (SGD's momentum buffers,
-            Adam's moments) with the merge's weights, one more all-reduce of that size;
-            ``False``: each replica keeps its own.
+        lookahead: async (dual batch included), SGD with momentum: each push returns the server's
+            parameters moved ahead by the momentum of the updates expected before that rank's next
+            push (its moving-average staleness times the other ranks' learning-rate factors), so its
+            next gradient is taken about where it will be applied. `"auto"`: on for
+            `torch.optim.SGD` with `momentum > 0`, off for other optimizers; `True`: on (refused for
+            an optimizer without momentum); `False`: off, paper 002's plain return. Other modes take
+            only `"auto"`. Validation and checkpoints see the server's parameters themselves. See
+            [the lookahead](../modes.md#async-with-sgd-and-momentum-the-lookahead-lookahead).
+        epoch_average: async (dual batch included): at the end of each epoch (before its validation)
+            and of training, the server's parameters become their average over the epoch's pushes,
+            weighted toward the last ones (push `i` of `n` weighs about `(i / n)^2`), and every rank
+            goes on from there: the swings stale gradients give the model under momentum smooth out.
+            `"auto"`: on for `torch.optim.SGD` with `momentum > 0`, off for other optimizers (with
+            Adam, on a model still improving fast, the average lags it); `True`: on for every
+            optimizer; `False`: off. Validation within an epoch sees the server's parameters as they
+            are. One copy of the parameters on rank 0. See [the epoch's
+            average](../modes.md#async-the-epochs-average-epoch_average).
+        rpc_timeout: async: seconds a push or pull to the parameter server may take; the error names
+            the rank and the request.
+        megabatch_size: local: samples claimed between two merges; default `10 * B`; must be at
+            least `B`.
+        delta: local, `local_steps="equal"`: merge-weight perturbation in `[0, 1)`: the replica with
+            the most updates gets `(1+delta) * alpha`, the one with the fewest `(1-delta) * alpha`;
+            `0` turns it off.
+        perturb_threshold: local: perturb only when every replica's L2 norm per parameter is below
+            this (`> 0`).
+        gamma: local: merge momentum in `[0, 1)`: `w' = sum_k alpha_k w_k + gamma * (w - w_prev)`;
+            `0` is plain weighted averaging. `gamma > 0` amplifies a steady move up to
+            `1 / (1 - gamma)` times. Paper 004 uses `0.9`; with a learning rate tuned for `gamma=0`
+            that diverges, see [Merge momentum](../modes.md#merge-momentum-gamma) for what
+            `gamma > 0` needs.
+        local_steps: local: `"proportional"` (batch sizes stay, controller `"static"`; each rank
+            makes updates in proportion to its speed in the same wall time, replicas merged by their
+            samples) or `"equal"` (paper 004: the `"updates"` controller sizes batches by speed,
+            every rank makes the same number of updates per merge; needed for a controller that
+            moves batch sizes). See [Local steps and the outer
+            optimizer](../modes.md#local-steps-and-the-outer-optimizer).
+        outer_lr: local: DiLoCo's outer optimizer at this learning rate (Nesterov momentum 0.9 on
+            the pseudo-gradient `w_last_merge - merged`); `None`: the plain weighted average. Not
+            with `gamma`.
+        merge_optimizer_state: local: each merge also averages the replicas' optimizer state shaped
+            like the parameters (SGD's momentum buffers, Adam's moments) with the merge's weights,
+            one more all-reduce of that size; `False`: each replica keeps its own.
         **kwargs: forwarded to ``DistributedDataParallel``
             (e.g. ``find_unused_parameters=True``), as with ``DDPStrategy``. A name that is
             neither an option above nor a keyword of ``DistributedDataParallel`` is refused
