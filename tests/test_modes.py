@@ -83,9 +83,7 @@ def test_options_the_mode_cannot_honour_are_refused(case) -> None:
 
 
 #: A valid value other than the default for each part's option (its field's ``example``).
-_SET = {
-    f.name: f.metadata["example"] for group in OPTION_GROUPS for f in dataclasses.fields(group)
-}
+_SET = {f.name: f.metadata["example"] for group in OPTION_GROUPS for f in dataclasses.fields(group)}
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
