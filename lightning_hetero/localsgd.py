@@ -11,11 +11,10 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from lightning_hetero.planning.merge import momentum_merge, outer_step
 
-__all__ = ["ReplicaMerger", "optimizer_state_tensors", "weighted_average_"]
+__all__ = ["ReplicaMerger", "flatten", "optimizer_state_tensors", "unflatten_", "weighted_average_"]
 
 
 class ReplicaMerger:
@@ -30,7 +29,9 @@ class ReplicaMerger:
             ``None``: no outer optimizer.
 
     Floating-point buffers (e.g. BatchNorm statistics) are averaged with the same
-    weights but without momentum; integer buffers (step counters) are left alone.
+    weights but without momentum; integer buffers (step counters) are left alone. The merge
+    computes in float32 (``flatten``) whatever the parameters' dtypes, and each parameter
+    keeps its own.
     """
 
     def __init__(
@@ -47,7 +48,7 @@ class ReplicaMerger:
     def reset(self) -> None:
         """Take the replica as it is now as both the global and the previous global model."""
         with torch.no_grad():
-            self._global = parameters_to_vector(self.params).clone() if self.params else None
+            self._global = flatten(self.params) if self.params else None
         self._previous = self._global
         self._velocity = None
 
@@ -91,7 +92,7 @@ class ReplicaMerger:
         if not self.params:
             return 0.0
         with torch.no_grad():
-            flat = parameters_to_vector(self.params)
+            flat = flatten(self.params)
         return float(flat.norm()) / flat.numel()
 
     def merge(self, weights: Sequence[float], group: dist.ProcessGroup | None = None) -> None:
@@ -99,7 +100,7 @@ class ReplicaMerger:
         weight = float(weights[self.rank])
         with torch.no_grad():
             if self.params:
-                merged = parameters_to_vector(self.params) * weight
+                merged = flatten(self.params) * weight
                 _all_reduce(merged, group)
                 assert self._global is not None and self._previous is not None
                 if self.outer_lr is not None:
@@ -109,7 +110,7 @@ class ReplicaMerger:
                 elif self.gamma > 0:
                     merged = momentum_merge(merged, self._global, self._previous, self.gamma)
                 self._previous, self._global = self._global, merged
-                vector_to_parameters(merged.clone(), self.params)
+                unflatten_(merged, self.params)
         weighted_average_(self.buffers, weight, float(sum(weights)), group)
 
 
@@ -143,6 +144,25 @@ def optimizer_state_tensors(
     return tensors, [float(len(tensors)), float(elements), float(weighted)]
 
 
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` as one new vector on the first one's device, in float32 (float64 if any of
+    them is): a merge never sums at bfloat16's or float16's precision, and tensors of mixed
+    dtypes are not promoted when written back (``unflatten_``)."""
+    wide = any(t.dtype == torch.float64 for t in tensors)
+    dtype, device = (torch.float64 if wide else torch.float32), tensors[0].device
+    return torch.cat([t.detach().reshape(-1).to(device=device, dtype=dtype) for t in tensors])
+
+
+def unflatten_(vector: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy ``vector`` (of ``flatten``) back into ``tensors`` in place, each in its own dtype
+    and on its own device."""
+    with torch.no_grad():
+        offset = 0
+        for tensor in tensors:
+            tensor.copy_(vector[offset : offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+
+
 def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(tensor, group=group)
@@ -156,12 +176,13 @@ def weighted_average_(
 ) -> None:
     """Replace ``tensors`` on every rank by ``sum_k weight_k * tensors_k / total``.
 
-    One all-reduce over all the tensors flattened together; call on every rank, each
-    with its own ``weight`` and the common ``total``.
+    One all-reduce over all the tensors flattened together (``flatten``: float32, each
+    tensor keeping its dtype); call on every rank, each with its own ``weight`` and the
+    common ``total``.
     """
     if not tensors:
         return
     with torch.no_grad():
-        averaged = parameters_to_vector(tensors) * (weight / total)
+        averaged = flatten(tensors) * (weight / total)
         _all_reduce(averaged, group)
-        vector_to_parameters(averaged, tensors)
+        unflatten_(averaged, tensors)

@@ -6,6 +6,7 @@ import torch
 from lightning_hetero.bench.mode_sim import (
     CONTROL,
     GRID_MODES,
+    REORDER,
     RERUN_NUDGE,
     _async_plans,
     _grid_rows,
@@ -133,7 +134,8 @@ def test_a_tiny_grid_cell_runs_every_mode_in_virtual_time() -> None:
     assert list(runs) == list(GRID_MODES)
     assert all(len(curve) == len(times) == 1 for curve, times in runs.values())
     assert runs["bsp"] == runs["ddp"]  # exact DDP, and its first epoch on the uniform plan
-    assert runs[CONTROL][1] == runs["ddp"][1]  # the control runs at DDP's times
+    assert runs[CONTROL][1] == runs["ddp"][1]  # the controls run at DDP's times
+    assert runs[REORDER][1] == runs["ddp"][1]
     ddp_time = runs["ddp"][1][0]
     # with the slow rank, local (even batches, more steps on the fast rank) and dual (a small
     # batch on the slow rank) end the epoch before DDP's, by the cost model
@@ -157,3 +159,27 @@ def test_the_control_is_ddp_from_initial_weights_nudged_at_rounding_level() -> N
     assert any(not torch.equal(a, b) for a, b in pairs)
     for a, b in pairs:  # one part in a million, relative (a zero weight stays zero)
         assert torch.allclose(a, b, rtol=1e-5, atol=0.0)
+
+
+def test_the_reorder_control_is_ddp_from_the_same_weights_on_another_data_order(monkeypatch):
+    from lightning_hetero.bench import mode_sim
+
+    orders = []
+    real = torch.randperm
+
+    def recording(size, generator=None):
+        order = real(size, generator=generator)
+        orders.append(order)
+        return order
+
+    monkeypatch.setattr(mode_sim.torch, "randperm", recording)
+    tiny = {"epochs": 1, "global_batch": 16, "train_size": 64, "val_size": 64}
+    first = mode_sim._make_task("transformer", 0, **tiny)
+    start = [p.detach().clone() for p in first.model.parameters()]
+    again = mode_sim._make_task("transformer", 0, **tiny)
+    assert all(torch.equal(a, b) for a, b in zip(start, again.model.parameters()))  # same init
+    mode_sim._train_ddp(first)
+    mode_sim._train_ddp(again, order_seed=mode_sim.REORDER_SEED)
+    plain, reordered = orders
+    assert sorted(plain.tolist()) == sorted(reordered.tolist()) == list(range(64))
+    assert not torch.equal(plain, reordered)  # the same samples in another order

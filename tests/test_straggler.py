@@ -171,6 +171,36 @@ def test_lightnings_per_batch_broadcast_is_timed_as_waiting_and_put_back():
     assert events[-1] == "broadcast" and len(events) == 4
 
 
+def test_each_rank_checks_its_own_sigterm_flag_until_teardown_puts_the_broadcast_back():
+    # the modes whose ranks make different numbers of steps replace the per-batch broadcast
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from lightning_hetero._lightning import check_own_sigterm_only
+
+    class Loop:
+        def _broadcast_sigterm_tensor(self):
+            return "broadcast"
+
+    loop = Loop()
+    trainer = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=loop), received_sigterm=False)
+    undo = check_own_sigterm_only(trainer)
+    assert loop._broadcast_sigterm_tensor() is None  # no collective: this rank's flag only
+    trainer.received_sigterm = True
+    with pytest.raises(SIGTERMException):
+        loop._broadcast_sigterm_tensor()
+    undo()
+    assert (
+        loop._broadcast_sigterm_tensor() == "broadcast"
+        and "_broadcast_sigterm_tensor" not in vars(loop)
+    )
+    assert (
+        check_own_sigterm_only(SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=object())))()
+        is None
+    )
+
+
 def test_the_strategys_collectives_in_a_step_are_timed_as_waiting_and_put_back():
     """``self.log(..., sync_dist=True)`` reduces inside ``training_step``: a faster rank waits
     there for the slower ones (before, counted as its compute: a 2.6x straggler under

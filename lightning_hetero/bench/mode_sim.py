@@ -343,10 +343,11 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def _train_ddp(task: _Task, nudge: float = 0.0) -> list[float]:
+def _train_ddp(task: _Task, nudge: float = 0.0, order_seed: int | None = None) -> list[float]:
     """Validation accuracy after each epoch of DDP (one process, the whole global batch);
     ``nudge``: first multiply every initial weight by ``1 + nudge * N(0, 1)`` (its own
-    generator: the data order stays DDP's)."""
+    generator: the data order stays DDP's); ``order_seed``: draw each epoch's order from a
+    generator seeded with it instead (the same initial weights, another data order)."""
     x = task.train.tensors[0]
     model, size = task.model, len(x)
     if nudge:
@@ -354,10 +355,11 @@ def _train_ddp(task: _Task, nudge: float = 0.0) -> list[float]:
         with torch.no_grad():
             for param in model.parameters():
                 param.mul_(1 + nudge * torch.randn(param.shape, generator=noise))
+    orders = None if order_seed is None else torch.Generator().manual_seed(order_seed)
     optimizer = model.configure_optimizers()  # type: ignore[operator]
     curve = []
     for epoch in range(task.epochs):
-        order = torch.randperm(size)
+        order = torch.randperm(size, generator=orders)
         for start in range(0, size, task.global_batch):
             _set_lr(optimizer, task.lr_at(epoch, start / size))
             optimizer.zero_grad()
@@ -654,8 +656,14 @@ def _average_(per_replica: Sequence[Sequence[torch.Tensor]], weights: Sequence[f
 #: spread every mode's single-seed verdict sits on.
 CONTROL = "ddp-rerun"
 RERUN_NUDGE = 1e-6
+#: The second control: DDP from the same initial weights on another data order (each
+#: epoch's permutation from a generator seeded ``REORDER_SEED + seed``), judged as
+#: ``CONTROL``. Every mode but ``bsp`` consumes the data in an order of its own (the ranks'
+#: claims, pushes and merges), so this is the spread their verdicts sit on.
+REORDER = "ddp-reorder"
+REORDER_SEED = 1000
 #: The grid's modes with their defaults; ``ddp`` is the baseline.
-GRID_MODES = ("ddp", "bsp", "async", "local", "dual", CONTROL)
+GRID_MODES = ("ddp", "bsp", "async", "local", "dual", CONTROL, REORDER)
 #: The grid's tasks: the transformer with Adam (2 epochs, global batch 128) and the digits
 #: CNN with SGD and momentum 0.9 (8 epochs, global batch 64), as issue 41 measured them.
 GRID_TASKS = {
@@ -701,7 +709,8 @@ def run_cell(
     DDP (its accuracy), the uniform plan until the first epoch's early boundary (8 steps in)
     and in proportion to speed from there; ``async``, ``local`` and ``dual`` as
     ``_train_server`` and ``_train_local`` say, with their defaults; ``ddp-rerun``
-    (``CONTROL``): DDP from nudged initial weights, at DDP's times. ``ddp_curve``: DDP's
+    (``CONTROL``): DDP from nudged initial weights, and ``ddp-reorder`` (``REORDER``): DDP on
+    another data order, both at DDP's times. ``ddp_curve``: DDP's
     accuracy, if already known (it depends on neither the ranks nor their speeds)."""
     _check_costs(costs)
     for name, value in (("step_cost", step_cost), ("sync_cost", sync_cost)):
@@ -716,10 +725,15 @@ def run_cell(
     for mode in modes:
         spec = _make_task(task, seed, **overrides)
         size, batch, epochs = len(spec.train), spec.global_batch, spec.epochs
-        if mode in ("ddp", "bsp", CONTROL):
+        if mode in ("ddp", "bsp", CONTROL, REORDER):
             times = _sync_times(costs, step_cost, sync_cost, size, batch, epochs, mode == "bsp")
-            if mode == CONTROL:
-                runs[mode] = (_train_ddp(spec, RERUN_NUDGE), times)
+            if mode in (CONTROL, REORDER):
+                control = (
+                    _train_ddp(spec, RERUN_NUDGE)
+                    if mode == CONTROL
+                    else _train_ddp(spec, order_seed=REORDER_SEED + seed)
+                )
+                runs[mode] = (control, times)
                 tick()
                 continue
             if ddp_curve is None:
@@ -790,7 +804,8 @@ def run_grid(
         f"Virtual time: a step of b samples takes c * b + {step_cost:g} (c = 1, the slow"
         f" rank's {slow_cost:g}), each all-reduce, push or merge {sync_cost:g} more; the"
         " target is DDP's best accuracy less 1 point. `ddp-rerun`: DDP again from initial"
-        f" weights nudged by {RERUN_NUDGE:g} (relative), judged as a mode no slower than DDP.",
+        f" weights nudged by {RERUN_NUDGE:g} (relative), and `ddp-reorder`: DDP on another"
+        " data order, each judged as a mode no slower than DDP.",
         "",
         "| task | K | speeds | mode | DDP time / mode time, seeds "
         + " / ".join(map(str, seeds))

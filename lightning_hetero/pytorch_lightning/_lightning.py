@@ -219,8 +219,9 @@ def in_training_batch(module: "pl.LightningModule | None") -> bool:
     return trainer.training and getattr(connector, "_first_loop_iter", None) is not None
 
 
-def check_own_sigterm_only(trainer: "pl.Trainer") -> None:
-    """Stop Lightning from broadcasting rank 0's SIGTERM flag before every training step.
+def check_own_sigterm_only(trainer: "pl.Trainer") -> Callable[[], None]:
+    """Stop Lightning from broadcasting rank 0's SIGTERM flag before every training step, and
+    return what puts the broadcast back.
 
     Lightning 2.5.6 and later run that broadcast
     (``_TrainingEpochLoop._broadcast_sigterm_tensor``), a collective that ties every rank to
@@ -229,13 +230,19 @@ def check_own_sigterm_only(trainer: "pl.Trainer") -> None:
     """
     loop = trainer.fit_loop.epoch_loop
     if not hasattr(loop, "_broadcast_sigterm_tensor"):
-        return  # earlier releases (2.5.0 among them) have no such broadcast
+        return lambda: None  # earlier releases (2.5.0 among them) have no such broadcast
 
     def check_own_sigterm() -> None:
         if getattr(trainer, "received_sigterm", False):
             raise SIGTERMException()
 
     loop._broadcast_sigterm_tensor = check_own_sigterm
+
+    def undo() -> None:
+        if loop.__dict__.get("_broadcast_sigterm_tensor") is check_own_sigterm:
+            del loop._broadcast_sigterm_tensor  # the loop's own method again
+
+    return undo
 
 
 def time_sigterm_broadcast(trainer: "pl.Trainer", waiting: Callable[[], Any]) -> Callable[[], None]:

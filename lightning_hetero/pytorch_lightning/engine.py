@@ -402,7 +402,8 @@ class HeteroEngine:
         if not self.training_mode.even_steps:
             refuse_step_counting(trainer, self.training_mode.option_text())
         if not self.training_mode.steps_together:
-            check_own_sigterm_only(trainer)  # a per-step broadcast would tie the ranks again
+            # a per-step broadcast would tie the ranks again (put back at teardown)
+            self._undo.append(check_own_sigterm_only(trainer))
         else:
             # under Lightning's own accumulation the ranks meet there at every loader batch,
             # not only in the all-reduce: that wait is no compute

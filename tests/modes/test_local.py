@@ -101,6 +101,30 @@ def test_the_outer_optimizer_moves_the_merged_model_by_nesterov_on_the_pseudo_gr
     assert module.weight.item() == pytest.approx(0.81 - 0.5 * (0.1 + 0.9 * 0.28))  # 0.634
 
 
+def test_a_merge_keeps_each_tensors_dtype_and_storage_and_sums_in_float32():
+    from lightning_hetero.localsgd import ReplicaMerger, flatten, weighted_average_
+
+    # a bfloat16 layer beside a float32 one (a model keeping some modules in float32): the
+    # flattened merge used to promote the bfloat16 parameters to float32 when written back
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2).to(torch.bfloat16), torch.nn.Linear(2, 2))
+    before = {
+        name: (p.dtype, p.data_ptr(), p.detach().clone()) for name, p in module.named_parameters()
+    }
+    merger = ReplicaMerger(module, rank=0, gamma=0.0, outer_lr=0.5)
+    merger.merge([1.0])  # one rank: the average is the replica, the outer step moves nothing
+    for name, param in module.named_parameters():
+        dtype, pointer, values = before[name]
+        assert (param.dtype, param.data_ptr()) == (dtype, pointer), name
+        torch.testing.assert_close(param.detach(), values, rtol=0, atol=0)
+    assert merger.state_dict()["global"].dtype == torch.float32  # the outer state: float32
+    # the all-reduce carries float32 (a bfloat16 sum of ranks' values would round at 2**-8)
+    tensors = [torch.tensor([1.0 + 2**-7], dtype=torch.bfloat16), torch.tensor([1.0 + 2**-20])]
+    assert flatten(tensors).dtype == torch.float32
+    weighted_average_(tensors, 3.0, 3.0)
+    assert [t.dtype for t in tensors] == [torch.bfloat16, torch.float32]
+    assert tensors[0].item() == 1.0 + 2**-7 and tensors[1].item() == 1.0 + 2**-20
+
+
 def test_the_optimizer_state_a_merge_averages_is_what_is_shaped_like_the_parameters():
     from lightning.pytorch.core.optimizer import LightningOptimizer
 
