@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["CudaStepTimer", "HostStepTimer", "StepRecord", "time_calls"]
+__all__ = ["CudaStepTimer", "HostStepTimer", "StepRecord", "shadow", "time_calls"]
 
 
 class StepRecord(NamedTuple):
@@ -31,13 +31,31 @@ class StepRecord(NamedTuple):
     micro: tuple[tuple[int, float], ...] = ()
 
 
+def shadow(owner: object, name: str, value: Any) -> Callable[[], None]:
+    """Set ``owner.name`` to ``value`` as an instance attribute, shadowing the class's;
+    returns the undo, which puts back what the instance held (its own attribute, or none)
+    and leaves alone a value set over this one since (so running it twice is harmless)."""
+    own = vars(owner)
+    had, saved = name in own, own.get(name)
+    own[name] = value
+
+    def undo() -> None:
+        if own.get(name) is not value:
+            return
+        if had:
+            own[name] = saved
+        else:
+            del own[name]
+
+    return undo
+
+
 def time_calls(
     owner: Any, names: tuple[str, ...], waiting: Callable[[], Any]
 ) -> Callable[[], None]:
     """Run ``owner``'s methods ``names`` (collectives) inside ``waiting()``, a step timer's
     context for time spent waiting for other ranks; returns what puts them back as they were
-    (an attribute ``owner`` held of its own is restored, one it did not hold is removed)."""
-    before = {name: vars(owner).get(name) for name in names}
+    (``shadow``'s undo, for each)."""
 
     def timed(function: Callable[..., Any]) -> Callable[..., Any]:
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -46,15 +64,11 @@ def time_calls(
 
         return collective
 
-    for name in names:
-        setattr(owner, name, timed(getattr(owner, name)))
+    undos = [shadow(owner, name, timed(getattr(owner, name))) for name in names]
 
     def undo() -> None:
-        for name, previous in before.items():
-            if previous is None:
-                vars(owner).pop(name, None)
-            else:
-                setattr(owner, name, previous)
+        for each in reversed(undos):
+            each()
 
     return undo
 

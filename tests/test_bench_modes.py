@@ -400,3 +400,24 @@ def test_mps_shares_replace_the_throttle_and_run_under_the_daemon(monkeypatch, t
         accelerator="gpu", fields={"mps_shares": [100, 33]},
     )  # fmt: skip
     assert launched[0]["sample_cost"] is None and launched[0]["mps_shares"] == [100, 33]
+
+
+def test_the_throttles_loading_step_and_noise_costs_reach_every_run(monkeypatch, tmp_path):
+    seen = []
+
+    def fake_measure(task, workers, speeds, seeds, configs, workdir, **options):
+        seen.append(options["fields"])
+        return {"task": task, "workers": workers, "common": {}, "runs": {}}
+
+    monkeypatch.setattr(modes, "measure_convergence", fake_measure)
+    modes.main(["--workers", "2", "--load-cost", "5e-4", "--step-cost", "0.01", "--noise", "0.1"])
+    modes.main(["--workers", "2"])
+    assert seen == [{"load_cost": 5e-4, "step_cost": 0.01, "noise": 0.1}, {}]
+    monkeypatch.undo()
+    launched = []
+    monkeypatch.setattr(modes, "launch", lambda config, *a, **k: launched.append(config) or {})
+    modes.measure_convergence(
+        "digits", 2, ["slow"], [0], ["ddp"], tmp_path, log=lambda line: None,
+        fields={"load_cost": 5e-4},
+    )  # fmt: skip
+    assert launched[0]["load_cost"] == 5e-4 and launched[0]["sample_cost"] == [2e-4, 3 * 2e-4]

@@ -884,7 +884,7 @@ def test_fsdp_micro_batches_refuse_every_collective_but_fsdps_own():
 def test_a_shadowed_method_is_put_back_as_the_instance_held_it():
     """The strategy's shadows (the precision plugin's backward, the loop's) are undone to
     what the instance held: a user's own instance attribute survives the fit."""
-    from lightning_hetero._lightning import _shadow
+    from lightning_hetero._comm import shadow as _shadow
 
     class Plugin:
         def backward(self):

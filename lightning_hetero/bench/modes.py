@@ -448,9 +448,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--resolution", type=int, help="digits: images upsampled to this size (default 8)"
     )
     parser.add_argument("--width", type=int, help="digits: the CNN's channel multiplier (1)")
+    parser.add_argument(
+        "--load-cost",
+        type=float,
+        help="Throttle: every rank's seconds of loading per sample, on the training thread"
+        " (num_workers=0), beside --sample-cost's compute (default 0)",
+    )
+    parser.add_argument(
+        "--step-cost", type=float, help="Throttle: every rank's fixed seconds per step (0)"
+    )
+    parser.add_argument(
+        "--noise", type=float, help="Throttle: relative standard deviation of every delay (0)"
+    )
     parser.add_argument("--json", type=Path, help="also write the raw summaries here")
     args = parser.parse_args(argv)
-    fields = {key: getattr(args, key) for key in ("resolution", "width") if getattr(args, key)}
+    given = ("resolution", "width", "load_cost", "step_cost", "noise")
+    fields = {key: getattr(args, key) for key in given if getattr(args, key)}
     speeds = args.speeds
     daemon: Any = contextlib.nullcontext()
     if args.mps_shares:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch.nn.modules.batchnorm import _NormBase
 
+from lightning_hetero._comm import shadow
 from lightning_hetero._fsdp import CollectiveWaitMeter, WaitStats
 from lightning_hetero.localsgd import weighted_average_
 from lightning_hetero.modes.base import Mode
@@ -110,16 +111,7 @@ class RootRedirect:
 def _forward_replaced(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterator[Any]:
     """Shadow ``module.forward`` with ``forward`` (an instance attribute); yields the undo,
     which is also run on exit and leaves the instance exactly as it was."""
-    own = vars(module)
-    had, saved = "forward" in own, own.get("forward")
-
-    def restore() -> None:
-        if had:
-            own["forward"] = saved
-        else:
-            own.pop("forward", None)
-
-    own["forward"] = forward
+    restore = shadow(module, "forward", forward)
     try:
         yield restore
     finally:

@@ -27,7 +27,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from lightning_hetero._comm import time_calls
+from lightning_hetero._comm import shadow, time_calls
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -236,13 +236,7 @@ def check_own_sigterm_only(trainer: "pl.Trainer") -> Callable[[], None]:
         if getattr(trainer, "received_sigterm", False):
             raise SIGTERMException()
 
-    loop._broadcast_sigterm_tensor = check_own_sigterm
-
-    def undo() -> None:
-        if loop.__dict__.get("_broadcast_sigterm_tensor") is check_own_sigterm:
-            del loop._broadcast_sigterm_tensor  # the loop's own method again
-
-    return undo
+    return shadow(loop, "_broadcast_sigterm_tensor", check_own_sigterm)
 
 
 def time_sigterm_broadcast(trainer: "pl.Trainer", waiting: Callable[[], Any]) -> Callable[[], None]:
@@ -312,25 +306,6 @@ def set_loop_counts(
     return previous
 
 
-def _shadow(owner: object, name: str, value: Any) -> "Callable[[], None]":
-    """Set ``owner.name`` to ``value`` as an instance attribute, shadowing the class's;
-    returns the undo, which puts back what the instance held (its own attribute, or none)
-    and leaves alone a value set over this one since."""
-    own = vars(owner)
-    had, saved = name in own, own.get(name)
-    own[name] = value
-
-    def undo() -> None:
-        if own.get(name) is not value:
-            return
-        if had:
-            own[name] = saved
-        else:
-            del own[name]
-
-    return undo
-
-
 #: A ``val_check_batch`` no loop batch index reaches.
 _NEVER = 2**62
 
@@ -361,7 +336,7 @@ def set_validation_steps(
         finally:
             trainer.val_check_batch = kept
 
-    return _shadow(loop, "_should_check_val_fx", should_check_val)
+    return shadow(loop, "_should_check_val_fx", should_check_val)
 
 
 def around_loop_backward(
@@ -385,7 +360,7 @@ def around_loop_backward(
             return None
         return lambda loss: backward(run, loss, optimizer)
 
-    return _shadow(loop, "_make_backward_fn", make_backward_fn)
+    return shadow(loop, "_make_backward_fn", make_backward_fn)
 
 
 def around_precision_backward(
@@ -407,7 +382,7 @@ def around_precision_backward(
     def wrapped(tensor: Any, module: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         backward(tensor, lambda loss: original(loss, module, optimizer, *args, **kwargs))
 
-    return _shadow(plugin, "backward", wrapped)
+    return shadow(plugin, "backward", wrapped)
 
 
 def count_loader_batches(
@@ -451,8 +426,8 @@ def count_loader_batches(
                 batch_idx = min((batch_idx + 1) * per_step, count) - 1
             end(*other, batch_idx)
 
-    undo_start = _shadow(bar, "on_train_epoch_start", on_train_epoch_start)
-    undo_end = _shadow(bar, "on_train_batch_end", on_train_batch_end)
+    undo_start = shadow(bar, "on_train_epoch_start", on_train_epoch_start)
+    undo_end = shadow(bar, "on_train_batch_end", on_train_batch_end)
 
     def undo() -> None:
         undo_start()
@@ -481,7 +456,7 @@ def log_resets_once(trainer: "pl.Trainer") -> "Callable[[], None]":
         seen.add(fx)
         return original(fx)
 
-    return _shadow(connector, "should_reset_tensors", should_reset_tensors)
+    return shadow(connector, "should_reset_tensors", should_reset_tensors)
 
 
 def set_logged_batch(trainer: "pl.Trainer", batch: object) -> None:
