@@ -244,11 +244,15 @@ def part_options() -> list[PartOption]:
 
 
 def _replace_entries(
-    text: str, entry: re.Pattern[str], more: re.Pattern[str] | None, new: list[str], where: str
+    text: str,
+    entry: re.Pattern[str],
+    more: re.Pattern[str] | None,
+    names: set[str],
+    new: list[str],
+    where: str,
 ) -> str:
-    """``text`` with its entries of the part options (lines matching ``entry``, each with the
-    lines after it matching ``more``) replaced by ``new``; they must stand together."""
-    names = {option.name for option in part_options()}
+    """``text`` with its entries of ``names`` (lines matching ``entry``, each with the lines
+    after it matching ``more``) replaced by ``new``; they must stand together."""
     lines = text.split("\n")
     spans, i = [], 0
     while i < len(lines):
@@ -293,11 +297,12 @@ def option_declarations() -> dict[Path, str]:
     # the table's links are relative to docs/, the docstrings' to the API pages below it
     rows = [f"| `{o.name}` | `{o.default}` | {_UP.sub('](', o.doc)} |" for o in options]
     page = OPTIONS_PAGE.read_text(encoding="utf-8")
+    names = {o.name for o in options}
     return {
-        STRATEGY: _replace_entries(head, _DOC_ENTRY, _DOC_MORE, entries, "the docstring")
+        STRATEGY: _replace_entries(head, _DOC_ENTRY, _DOC_MORE, names, entries, "the docstring")
         + "    def __init__("
-        + _replace_entries(signature, _KEYWORD, None, keywords, "the signature"),
-        OPTIONS_PAGE: _replace_entries(page, _ROW, None, rows, OPTIONS_PAGE.name),
+        + _replace_entries(signature, _KEYWORD, None, names, keywords, "the signature"),
+        OPTIONS_PAGE: _replace_entries(page, _ROW, None, names, rows, OPTIONS_PAGE.name),
     }
 
 

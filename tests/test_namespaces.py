@@ -92,7 +92,9 @@ def test_part_options_out_of_one_block_or_declared_otherwise_are_refused(
 ) -> None:
     text = "        gamma: 1,\n        mode: 2,\n        delta: 3,"
     with pytest.raises(ValueError, match="must stand together"):
-        _generate._replace_entries(text, _generate._KEYWORD, None, [], "the signature")
+        _generate._replace_entries(
+            text, _generate._KEYWORD, None, {"gamma", "delta"}, [], "the signature"
+        )
     source = _generate._GROUPS_SOURCE.read_text(encoding="utf-8")
     plain = tmp_path / "base.py"
     plain.write_text(
