@@ -884,7 +884,7 @@ def test_fsdp_micro_batches_refuse_every_collective_but_fsdps_own():
 def test_a_shadowed_method_is_put_back_as_the_instance_held_it():
     """The strategy's shadows (the precision plugin's backward, the loop's) are undone to
     what the instance held: a user's own instance attribute survives the fit."""
-    from lightning_hetero._comm import shadow as _shadow
+    from lightning_hetero._comm import shadow
 
     class Plugin:
         def backward(self):
@@ -893,12 +893,12 @@ def test_a_shadowed_method_is_put_back_as_the_instance_held_it():
     plain, own = Plugin(), Plugin()
     own.backward = lambda: "user's"
     for plugin, expected in ((plain, "class"), (own, "user's")):
-        undo = _shadow(plugin, "backward", lambda: "strategy's")
+        undo = shadow(plugin, "backward", lambda: "strategy's")
         assert plugin.backward() == "strategy's"
         undo()
         assert plugin.backward() == expected
     # a value set over the shadow since is left alone
-    undo = _shadow(plain, "backward", lambda: "strategy's")
+    undo = shadow(plain, "backward", lambda: "strategy's")
     plain.backward = lambda: "later"
     undo()
     assert plain.backward() == "later"
